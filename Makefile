@@ -1,0 +1,36 @@
+# make train | test | test-all | sweep | bench | lint | lock
+# Each target sets up .venv from nothing on first use (pip, Python 3.10+).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup train test test-all sweep bench lint format clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -e '.[test]'
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(PY) train.py
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+test-all: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks train.py
+	$(PY) -m ruff format --check src tests benchmarks train.py
+
+format: $(STAMP)
+	$(PY) -m ruff format src tests benchmarks train.py
+	$(PY) -m ruff check --fix src tests benchmarks train.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

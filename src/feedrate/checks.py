@@ -1,0 +1,166 @@
+"""Checks made before anything runs: values types cannot express, and picklable datasets.
+
+Schemas (``feedrate.config``) already refused unknown keys and wrong types at composition.
+What is left are values that are well-typed but cannot work, which PyTorch would report
+late (after workers start) or not at all.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+from collections.abc import Iterable
+from typing import Any
+
+from omegaconf import DictConfig
+
+from feedrate.errors import ConfigError
+from feedrate.metrics import METRIC_NAMES
+
+# Dataset keys that are counts or sizes, across the built-in datasets.
+_POSITIVE_DATASET_KEYS = ("n_images", "n_samples", "image_size", "stored_size", "num_classes",
+                          "channels", "jpeg_quality")
+_NON_NEGATIVE_DATASET_KEYS = ("io_latency_ms", "cpu_ms")
+
+
+def _value(v: Any) -> Any:
+    return getattr(v, "value", v)  # Enum members print as their config value
+
+
+def start_method(loader: DictConfig) -> str:
+    """The start method the DataLoader's workers will use."""
+    if loader.multiprocessing_context is not None:
+        return _value(loader.multiprocessing_context)
+    return multiprocessing.get_start_method(allow_none=False)
+
+
+def _loader_problems(loader: DictConfig) -> Iterable[str]:
+    if loader.batch_size < 1:
+        yield f"loader.batch_size={loader.batch_size} must be at least 1"
+    if loader.num_workers < 0:
+        yield (f"loader.num_workers={loader.num_workers} must be 0 (load in the main process)"
+               " or more")
+    if loader.timeout < 0:
+        yield f"loader.timeout={loader.timeout} must be 0 (wait forever) or a positive number of seconds"
+    if loader.prefetch_factor is not None and loader.prefetch_factor < 1:
+        yield f"loader.prefetch_factor={loader.prefetch_factor} must be at least 1, or null"
+    if loader.num_workers == 0:
+        fix = "set loader.num_workers > 0, or drop it"
+        if loader.prefetch_factor is not None:
+            yield (f"loader.prefetch_factor={loader.prefetch_factor} needs worker processes but"
+                   f" loader.num_workers=0: {fix} (loader.prefetch_factor=null)")
+        if loader.persistent_workers:
+            yield ("loader.persistent_workers=true needs worker processes but loader.num_workers=0:"
+                   f" {fix} (loader.persistent_workers=false)")
+        if loader.timeout > 0:
+            yield (f"loader.timeout={loader.timeout} applies to worker processes but"
+                   f" loader.num_workers=0: {fix} (loader.timeout=0)")
+        if loader.multiprocessing_context is not None:
+            yield (f"loader.multiprocessing_context={_value(loader.multiprocessing_context)} needs"
+                   f" worker processes but loader.num_workers=0: {fix}"
+                   " (loader.multiprocessing_context=null)")
+    if loader.multiprocessing_context is not None:
+        method = _value(loader.multiprocessing_context)
+        available = multiprocessing.get_all_start_methods()
+        if method not in available:
+            yield (f"loader.multiprocessing_context={method} is not available on this OS;"
+                   f" available: {', '.join(available)}")
+
+
+def _dataset_problems(dataset: DictConfig) -> Iterable[str]:
+    for key in _POSITIVE_DATASET_KEYS:
+        v = dataset.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
+            yield f"dataset.{key}={v} must be positive"
+    for key in _NON_NEGATIVE_DATASET_KEYS:
+        v = dataset.get(key)
+        if isinstance(v, (int, float)) and v < 0:
+            yield f"dataset.{key}={v} must be 0 or more"
+
+
+def _trainer_problems(trainer: DictConfig) -> Iterable[str]:
+    if trainer.max_steps is None and trainer.epochs is None:
+        yield "trainer.max_steps and trainer.epochs are both null: set at least one"
+    for key in ("max_steps", "epochs", "window_steps"):
+        v = trainer[key]
+        if v is not None and v < 1:
+            yield f"trainer.{key}={v} must be at least 1"
+    if trainer.warmup_steps < 0:
+        yield f"trainer.warmup_steps={trainer.warmup_steps} must be 0 or more"
+    if trainer.max_seconds is not None and trainer.max_seconds <= 0:
+        yield f"trainer.max_seconds={trainer.max_seconds} must be positive, or null"
+    if trainer.lr <= 0:
+        yield f"trainer.lr={trainer.lr} must be positive"
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise one ConfigError listing every value in ``cfg`` that cannot work."""
+    problems = [
+        *_loader_problems(cfg.loader),
+        *_dataset_problems(cfg.dataset),
+        *_trainer_problems(cfg.trainer),
+    ]
+    if cfg.hardware.torch_threads is not None and cfg.hardware.torch_threads < 1:
+        problems.append(f"hardware.torch_threads={cfg.hardware.torch_threads} must be at least 1")
+    if cfg.objective not in METRIC_NAMES:
+        problems.append(
+            f"objective={cfg.objective!r} is not a metric; choose one of {', '.join(METRIC_NAMES)}"
+        )
+    if problems:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------
+# Picklability: spawn and forkserver workers receive the dataset by pickling it.
+
+
+def _children(obj: Any, path: str) -> Iterable[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        return ((f"{path}[{k!r}]", v) for k, v in obj.items())
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return ((f"{path}[{i}]", v) for i, v in enumerate(obj))
+    attrs = dict(getattr(obj, "__dict__", {}))
+    for slot in getattr(type(obj), "__slots__", ()):
+        if hasattr(obj, slot):
+            attrs[slot] = getattr(obj, slot)
+    return ((f"{path}.{k}", v) for k, v in attrs.items())
+
+
+def find_unpicklable(obj: Any, path: str = "dataset", depth: int = 0) -> tuple[str, Any] | None:
+    """The deepest attribute path under ``obj`` that fails to pickle, and its value.
+
+    Returns None when ``obj`` pickles. Walks attributes, dict values and sequence items, and
+    stops at the first failing leaf, so the message can name ``dataset.index.lock``.
+    """
+    try:
+        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return None
+    except Exception:  # noqa: BLE001 - any pickling failure is what we are looking for
+        pass
+    if depth < 12:
+        for child_path, child in _children(obj, path):
+            found = find_unpicklable(child, child_path, depth + 1)
+            if found is not None:
+                return found
+    return path, obj
+
+
+def type_name(obj: Any) -> str:
+    t = type(obj)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def check_picklable(dataset: Any, method: str) -> None:
+    """Refuse, before spawning, a dataset that ``spawn``/``forkserver`` workers cannot receive."""
+    if method == "fork":
+        return
+    found = find_unpicklable(dataset)
+    if found is None:
+        return
+    path, value = found
+    raise ConfigError(
+        f"dataset is not picklable for start method '{method}': attribute '{path}' is a"
+        f" {type_name(value)}. Workers started with '{method}' receive the dataset by pickling."
+        " Open such handles lazily in the worker (in __getitem__ or a worker_init_fn) and drop"
+        " them in __getstate__, or use loader.multiprocessing_context=fork where the OS allows it"
+    )

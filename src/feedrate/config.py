@@ -1,0 +1,184 @@
+"""Schemas for every config group, registered in Hydra's ConfigStore.
+
+Each group in ``conf/`` has a dataclass here, so a typo (``loader.num_wokers=8``) or a wrong
+type (``loader.batch_size=big``) fails at composition and names the key, before any data is
+built or any worker is started. Value checks that types cannot express (sizes that must be
+positive, options that contradict each other) live in :mod:`feedrate.checks`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class StartMethod(Enum):
+    """``multiprocessing`` start methods for DataLoader workers."""
+
+    fork = "fork"
+    spawn = "spawn"
+    forkserver = "forkserver"
+
+
+class Device(Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class AmpDtype(Enum):
+    auto = "auto"  # bf16 on a CUDA device that supports it, otherwise none
+    none = "none"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Optimizer(Enum):
+    sgd = "sgd"
+    adamw = "adamw"
+
+
+@dataclass
+class LoaderConfig:
+    """``torch.utils.data.DataLoader`` arguments, under the DataLoader's own names.
+
+    ``pin_memory: null`` lets the hardware profile decide (pinned on CUDA, off on CPU).
+    ``prefetch_factor: null`` is PyTorch's own default (2 per worker when there are workers).
+    ``shuffle`` defaults to true because this is a training loader.
+    """
+
+    batch_size: int = 64
+    num_workers: int = 0
+    pin_memory: bool | None = None
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    multiprocessing_context: StartMethod | None = None
+    timeout: float = 0.0
+    drop_last: bool = False
+    shuffle: bool = True
+
+
+@dataclass
+class PhotosConfig:
+    """JPEG photos in ImageFolder layout, built once from scikit-image's bundled photographs."""
+
+    _target_: str = "feedrate.dataset.build_photos"
+    root: str = "~/.cache/feedrate/photos"
+    n_images: int = 3000
+    image_size: int = 224
+    jpeg_quality: int = 90
+    seed: int = 0
+
+
+@dataclass
+class SyntheticConfig:
+    """In-memory images with a simulated per-sample I/O latency and CPU cost."""
+
+    _target_: str = "feedrate.dataset.SyntheticDataset"
+    n_samples: int = 10_000
+    image_size: int = 224
+    channels: int = 3
+    num_classes: int = 10
+    io_latency_ms: float = 0.0
+    cpu_ms: float = 0.0
+    dtype: str = "uint8"
+    seed: int = 0
+
+
+@dataclass
+class MemmapConfig:
+    """uint8 images in one memory-mapped ``.npy`` file, built once from the photos."""
+
+    _target_: str = "feedrate.dataset.build_memmap"
+    path: str = "~/.cache/feedrate/memmap"
+    photos_root: str = "~/.cache/feedrate/photos"
+    n_images: int = 3000
+    stored_size: int = 256
+    image_size: int = 224
+    seed: int = 0
+
+
+@dataclass
+class ImageFolderConfig:
+    """Any directory in ImageFolder layout (``root/<class>/<image>``)."""
+
+    _target_: str = "feedrate.dataset.build_image_folder"
+    root: str = MISSING
+    image_size: int = 224
+
+
+@dataclass
+class TinyCNNConfig:
+    _target_: str = "feedrate.model.TinyCNN"
+    _partial_: bool = True
+    width: int = 16
+
+
+@dataclass
+class TorchvisionModelConfig:
+    """A torchvision classification model, randomly initialised (no weight download)."""
+
+    _target_: str = MISSING
+    _partial_: bool = True
+    weights: str | None = None
+
+
+@dataclass
+class HardwareConfig:
+    """How the device is driven. ``auto`` values are resolved from the detected hardware."""
+
+    name: str = "auto"
+    device: Device = Device.auto
+    amp_dtype: AmpDtype = AmpDtype.auto
+    channels_last: bool | None = None
+    cudnn_benchmark: bool | None = None
+    non_blocking: bool | None = None
+    pin_memory: bool | None = None
+    torch_threads: int | None = None
+    expect_gpu: str | None = None
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int | None = 200
+    epochs: int | None = None
+    warmup_steps: int = 20
+    window_steps: int = 20
+    max_seconds: float | None = None
+    optimizer: Optimizer = Optimizer.sgd
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    seed: int = 0
+    checkpoint_dir: str = "checkpoints"
+    save_checkpoint: bool = True
+    progress: bool = True
+
+
+@dataclass
+class TrainConfig:
+    dataset: Any = MISSING
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    model: Any = MISSING
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    # Which metric train.py returns, so a Hydra sweeper can optimise it.
+    objective: str = "samples_per_sec"
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(group="dataset", name="photos_schema", node=PhotosConfig)
+    cs.store(group="dataset", name="synthetic_schema", node=SyntheticConfig)
+    cs.store(group="dataset", name="memmap_schema", node=MemmapConfig)
+    cs.store(group="dataset", name="image_folder_schema", node=ImageFolderConfig)
+    cs.store(group="model", name="tiny_cnn_schema", node=TinyCNNConfig)
+    cs.store(group="model", name="torchvision_schema", node=TorchvisionModelConfig)
+
+
+register_configs()

@@ -1,0 +1,15 @@
+"""Errors a user can act on: each says what was wrong, with which input, and what to do."""
+
+
+class FeedrateError(Exception):
+    """Base class: caught at the command line and printed as one message, no traceback."""
+
+    exit_code = 2
+
+
+class ConfigError(FeedrateError):
+    """A config value that cannot work, found before any data is built or worker started."""
+
+
+class DatasetError(FeedrateError):
+    """A dataset that cannot be built or used as configured."""

@@ -1,0 +1,210 @@
+"""One run: build everything from the composed config, train, measure, write the results.
+
+``train.py`` calls :func:`main`; notebooks and scripts call :func:`compose` and :func:`run`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from feedrate import hardware
+from feedrate.checks import validate
+from feedrate.dataset import num_classes
+from feedrate.errors import DatasetError, FeedrateError
+from feedrate.files import atomic_write_text, save_checkpoint
+from feedrate.loader import build_loader, loader_kwargs
+from feedrate.metrics import ResourceMonitor, format_summary, summarise
+from feedrate.model import build_model
+from feedrate.trainer import build_optimizer, make_input_transform, train
+
+log = logging.getLogger("feedrate")
+
+
+def default_config_dir() -> Path:
+    """``conf/`` beside ``train.py``: the project checkout, or ``$FEEDRATE_CONFIG_DIR``."""
+    env = os.environ.get("FEEDRATE_CONFIG_DIR")
+    if env:
+        return Path(env).resolve()
+    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        if (base / "conf" / "train.yaml").exists():
+            return base / "conf"
+    raise FileNotFoundError(
+        "no conf/train.yaml in the current directory or the feedrate checkout;"
+        " run from the project root or set FEEDRATE_CONFIG_DIR"
+    )
+
+
+def compose(
+    overrides: list[str] | None = None,
+    config_dir: str | os.PathLike | None = None,
+    config_name: str = "train",
+) -> DictConfig:
+    """The config ``python train.py <overrides>`` would build, for notebooks and scripts.
+
+    >>> cfg = compose(["dataset=synthetic", "loader=notebook", "trainer.max_steps=50"])
+    """
+    directory = Path(config_dir).resolve() if config_dir else default_config_dir()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=list(overrides or []))
+
+
+def _output_dir(output_dir: str | os.PathLike | None) -> Path:
+    if output_dir is not None:
+        path = Path(output_dir)
+    elif HydraConfig.initialized():
+        path = Path(HydraConfig.get().runtime.output_dir)
+    else:
+        path = Path("outputs") / "api" / datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
+    path.mkdir(parents=True, exist_ok=True)
+    return path.resolve()
+
+
+def build_dataset(cfg: DictConfig):
+    """Instantiate ``cfg.dataset``, turning failures into an error that names the target."""
+    target = cfg.get("_target_")
+    try:
+        return instantiate(cfg)
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, FeedrateError):
+            raise cause from None
+        raise DatasetError(
+            f"could not build the dataset dataset._target_={target}: {exc}".replace("\n", " ")
+        ) from exc
+
+
+def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
+    """Build, train and measure as ``cfg`` says; write metrics.json; return the metrics."""
+    validate(cfg)
+    out = _output_dir(output_dir)
+    data_path = cfg.dataset.get("root") or cfg.dataset.get("path")
+    fingerprint = hardware.detect(data_path)
+    log.info("hardware fingerprint: %s", fingerprint.short())
+    hw = hardware.resolve(cfg.hardware, fingerprint)
+    log.info(
+        "device %s (hardware=%s): amp %s, channels_last %s, pinned %s",
+        hw.device,
+        hw.name,
+        hw.amp_dtype,
+        hw.channels_last,
+        hw.pin_memory,
+    )
+    torch.manual_seed(cfg.trainer.seed)
+    if cfg.hardware.torch_threads:
+        torch.set_num_threads(cfg.hardware.torch_threads)
+    torch.backends.cudnn.benchmark = hw.cudnn_benchmark
+
+    dataset = build_dataset(cfg.dataset)
+    n_classes = num_classes(dataset)
+    sample, _ = dataset[0]
+    model = build_model(cfg.model, n_classes).to(hw.device)
+    if hw.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = build_optimizer(cfg.trainer, model)
+
+    log.info(
+        "dataset %s: %d samples, %d classes, sample %s %s; loader %s",
+        type(dataset).__name__,
+        len(dataset),
+        n_classes,
+        tuple(sample.shape),
+        sample.dtype,
+        loader_kwargs(cfg.loader, hw),
+    )
+    with ResourceMonitor() as monitor:
+        created = time.perf_counter()
+        loader = build_loader(dataset, cfg.loader, hw, cfg.trainer.seed)
+        result = train(
+            model,
+            loader,
+            optimizer,
+            hw,
+            cfg.trainer,
+            monitor,
+            created,
+            make_input_transform(hw, sample.shape[0]),
+        )
+        del loader  # ends persistent workers inside the monitored window
+    metrics = summarise(
+        result.times,
+        result.first_batch_s,
+        result.epoch_restart_s,
+        monitor,
+        str(hw.device.type).upper(),
+        result.final_loss,
+        result.train_accuracy,
+    )
+    metrics["steps"] = result.steps
+    metrics["epochs_started"] = result.epochs_started
+    metrics["run"] = {
+        "fingerprint": fingerprint.as_dict(),
+        "device": str(hw.device),
+        "amp_dtype": str(hw.amp_dtype),
+        "loader": {k: v for k, v in loader_kwargs(cfg.loader, hw).items()},
+        "dataset_len": len(dataset),
+        "num_classes": n_classes,
+        "torch": torch.__version__,
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "overrides": _overrides(),
+    }
+    atomic_write_text(out / "metrics.json", json.dumps(_finite(metrics), indent=2) + "\n")
+    if cfg.trainer.save_checkpoint:
+        path = out / cfg.trainer.checkpoint_dir / "last.pt"
+        save_checkpoint(
+            path,
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "step": result.steps,
+                "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+            },
+        )
+    log.info("summary (%s)\n%s", out / "metrics.json", format_summary(metrics))
+    return metrics
+
+
+def _overrides() -> list[str]:
+    if HydraConfig.initialized():
+        return list(HydraConfig.get().overrides.task)
+    return []
+
+
+def _finite(obj):
+    """JSON has no NaN: write null for a metric that could not be measured."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def main(cfg: DictConfig) -> float:
+    """Entry point for ``train.py``: run, and return ``cfg.objective`` to a sweeper.
+
+    Errors a user can fix are printed as one message and exit with status 2, no traceback.
+    """
+    try:
+        metrics = run(cfg)
+    except FeedrateError as exc:
+        log.error("%s", exc)
+        sys.exit(exc.exit_code)
+    return metrics[cfg.objective]

@@ -1,0 +1,45 @@
+"""The DataLoader, built from ``cfg.loader`` (plain data under the DataLoader's own names)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader, Dataset
+
+from feedrate.checks import check_picklable, start_method
+from feedrate.hardware import Hardware
+
+log = logging.getLogger(__name__)
+
+
+def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
+    """DataLoader keyword arguments from ``cfg.loader``, resolved for this hardware."""
+    pin = hw.pin_memory if cfg.pin_memory is None else bool(cfg.pin_memory)
+    if pin and not hw.is_cuda:
+        if cfg.pin_memory:  # asked for explicitly: say why it is off
+            log.info("pin_memory disabled: no CUDA device <cfg.loader.pin_memory>")
+        pin = False
+    kwargs = {
+        "batch_size": cfg.batch_size,
+        "shuffle": cfg.shuffle,
+        "num_workers": cfg.num_workers,
+        "pin_memory": pin,
+        "drop_last": cfg.drop_last,
+        "timeout": cfg.timeout,
+        "persistent_workers": cfg.persistent_workers,
+    }
+    if cfg.num_workers > 0:
+        kwargs["prefetch_factor"] = cfg.prefetch_factor  # None: PyTorch's default (2)
+        kwargs["multiprocessing_context"] = start_method(cfg)
+    return kwargs
+
+
+def build_loader(dataset: Dataset, cfg: DictConfig, hw: Hardware, seed: int) -> DataLoader:
+    """A DataLoader over ``dataset``; refuses a dataset its workers could not receive."""
+    kwargs = loader_kwargs(cfg, hw)
+    if cfg.num_workers > 0:
+        check_picklable(dataset, kwargs["multiprocessing_context"])
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, generator=generator, **kwargs)

@@ -1,0 +1,212 @@
+"""What the device waited for: throughput, data-wait, start-up, memory of the process tree."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from feedrate.hardware import shm_bytes
+
+# Metrics train.py can return to a sweeper (`objective=`); all are in metrics.json.
+METRIC_NAMES = (
+    "samples_per_sec",
+    "data_wait_frac",
+    "first_batch_s",
+    "step_time_p50_ms",
+    "step_time_p90_ms",
+    "final_loss",
+    "train_accuracy",
+    "peak_pss_mb",
+)
+
+# Above this share of step time spent waiting for the next batch, the run is input-bound.
+INPUT_BOUND_WAIT_FRAC = 0.10
+
+
+def _tree_memory(proc: psutil.Process) -> tuple[float, float, int]:
+    """(PSS, USS, processes) of ``proc`` and its descendants, in bytes.
+
+    PSS splits shared pages between the processes that map them, so the sum over the tree is
+    what the tree really costs; RSS would count the parent's pages once per forked worker.
+    """
+    pss = uss = 0.0
+    count = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            info = p.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        pss += getattr(info, "pss", info.rss)
+        uss += getattr(info, "uss", info.rss)
+        count += 1
+    return pss, uss, count
+
+
+@dataclass
+class ResourcePeaks:
+    pss_bytes: float = 0.0
+    uss_bytes: float = 0.0
+    main_pss_bytes: float = 0.0
+    processes: int = 0
+    shm_bytes: float = 0.0
+
+
+class ResourceMonitor:
+    """Samples memory of the main process and its workers, and /dev/shm, in a thread.
+
+    Used as a context manager around the training loop; ``peaks`` holds the maxima.
+    """
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        self.interval_s = interval_s
+        self.peaks = ResourcePeaks()
+        self._proc = psutil.Process(os.getpid())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="feedrate-monitor", daemon=True)
+        shm = shm_bytes()
+        self._shm_base = shm[1] if shm else 0
+        self.cpu_util: float | None = None
+
+    def sample(self) -> None:
+        pss, uss, count = _tree_memory(self._proc)
+        try:
+            main = self._proc.memory_full_info()
+            main_pss = getattr(main, "pss", main.rss)
+        except psutil.Error:
+            main_pss = 0.0
+        shm = shm_bytes()
+        p = self.peaks
+        p.pss_bytes = max(p.pss_bytes, pss)
+        p.uss_bytes = max(p.uss_bytes, uss)
+        p.main_pss_bytes = max(p.main_pss_bytes, main_pss)
+        p.processes = max(p.processes, count)
+        if shm:
+            p.shm_bytes = max(p.shm_bytes, shm[1] - self._shm_base)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def start_cpu_window(self) -> None:
+        psutil.cpu_percent(interval=None)  # system-wide busy share since this call
+
+    def end_cpu_window(self) -> None:
+        self.cpu_util = psutil.cpu_percent(interval=None) / 100
+
+    def __enter__(self) -> ResourceMonitor:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class StepTimes:
+    """Per-step timings of the measured (post-warm-up) phase."""
+
+    wait_s: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    window_rates: list[float] = field(default_factory=list)  # samples/s per synchronised window
+    samples: int = 0
+    elapsed_s: float = 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def verdict(data_wait_frac: float, cpu_util: float | None, device: str) -> tuple[str, str]:
+    """('input-bound' | 'compute-bound', the evidence in one sentence)."""
+    cpu = f"; CPU busy {cpu_util:.0%}" if cpu_util is not None else ""
+    if data_wait_frac > INPUT_BOUND_WAIT_FRAC:
+        hint = (
+            "the CPU is saturated: more workers will not help, cheaper decoding/augmentation will"
+            if cpu_util is not None and cpu_util > 0.9
+            else "the CPU has room: more workers or deeper prefetch should help"
+            " (python train.py -m sweep=loader)"
+        )
+        return "input-bound", (
+            f"the {device} waited for data {data_wait_frac:.0%} of the time"
+            f" (> {INPUT_BOUND_WAIT_FRAC:.0%}){cpu}; {hint}"
+        )
+    return "compute-bound", (
+        f"the {device} waited for data only {data_wait_frac:.0%} of the time"
+        f" (<= {INPUT_BOUND_WAIT_FRAC:.0%}){cpu}; the model sets the pace, a faster loader"
+        " will not speed this up"
+    )
+
+
+def summarise(
+    times: StepTimes,
+    first_batch_s: float,
+    epoch_restart_s: list[float],
+    monitor: ResourceMonitor,
+    device: str,
+    final_loss: float,
+    train_accuracy: float,
+) -> dict:
+    """The metrics written to metrics.json."""
+    total_step = sum(times.step_s)
+    wait_frac = sum(times.wait_s) / total_step if total_step > 0 else float("nan")
+    bound, evidence = verdict(wait_frac, monitor.cpu_util, device)
+    rates = times.window_rates
+    rate = times.samples / times.elapsed_s if times.elapsed_s > 0 else float("nan")
+    spread = (max(rates) - min(rates)) / statistics.median(rates) if len(rates) > 1 else None
+    mb = 1 / 2**20
+    return {
+        "samples_per_sec": rate,
+        "data_wait_frac": wait_frac,
+        "first_batch_s": first_batch_s,
+        "epoch_restart_s": statistics.median(epoch_restart_s) if epoch_restart_s else None,
+        "step_time_p50_ms": percentile(times.step_s, 0.5) * 1e3,
+        "step_time_p90_ms": percentile(times.step_s, 0.9) * 1e3,
+        "window_samples_per_sec": rates,
+        "window_spread": spread,
+        "measured_steps": len(times.step_s),
+        "measured_samples": times.samples,
+        "measured_seconds": times.elapsed_s,
+        "cpu_util": monitor.cpu_util,
+        "peak_pss_mb": monitor.peaks.pss_bytes * mb,
+        "peak_uss_mb": monitor.peaks.uss_bytes * mb,
+        "peak_main_pss_mb": monitor.peaks.main_pss_bytes * mb,
+        "peak_processes": monitor.peaks.processes,
+        "peak_shm_mb": monitor.peaks.shm_bytes * mb,
+        "final_loss": final_loss,
+        "train_accuracy": train_accuracy,
+        "bound": bound,
+        "evidence": evidence,
+    }
+
+
+def format_summary(m: dict) -> str:
+    restart = (
+        f"{m['epoch_restart_s']:.2f} s" if m.get("epoch_restart_s") is not None else "n/a (1 epoch)"
+    )
+    spread = f" (window spread {m['window_spread']:.0%})" if m.get("window_spread") is not None else ""
+    cpu = f"{m['cpu_util']:.0%}" if m.get("cpu_util") is not None else "?"
+    return "\n".join(
+        [
+            f"samples/s        {m['samples_per_sec']:,.1f}{spread}",
+            f"data wait        {m['data_wait_frac']:.1%} of step time",
+            f"first batch      {m['first_batch_s']:.2f} s   (later epochs: {restart})",
+            f"step time        p50 {m['step_time_p50_ms']:.1f} ms, p90 {m['step_time_p90_ms']:.1f} ms",
+            f"CPU busy         {cpu}",
+            f"memory (PSS)     {m['peak_pss_mb']:,.0f} MB peak over {m['peak_processes']} processes"
+            f" (main {m['peak_main_pss_mb']:,.0f} MB); /dev/shm peak {m['peak_shm_mb']:,.1f} MB",
+            f"loss / accuracy  {m['final_loss']:.3f} / {m['train_accuracy']:.1%}",
+            f"verdict          {m['bound'].upper()}: {m['evidence']}",
+        ]
+    )

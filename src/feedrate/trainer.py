@@ -1,0 +1,211 @@
+"""The training loop, and the measurement of what the device waited for."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from feedrate.config import Optimizer
+from feedrate.errors import ConfigError
+from feedrate.hardware import Hardware
+from feedrate.metrics import ResourceMonitor, StepTimes
+
+# Normalisation happens on the device: the loader moves uint8, 4x fewer bytes than float32.
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def build_optimizer(cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
+    opt = cfg.optimizer if isinstance(cfg.optimizer, Optimizer) else Optimizer(cfg.optimizer)
+    if opt is Optimizer.sgd:
+        return torch.optim.SGD(
+            model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def make_input_transform(hw: Hardware, channels: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Host batch -> normalised float batch on the device (uint8 scaled by 1/255 there)."""
+    if channels == 3:
+        mean, std = _IMAGENET_MEAN, _IMAGENET_STD
+    else:
+        mean, std = (0.5,) * channels, (0.25,) * channels
+    mean_t = torch.tensor(mean, device=hw.device).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, device=hw.device).view(1, -1, 1, 1)
+    memory_format = torch.channels_last if hw.channels_last else torch.contiguous_format
+
+    def to_device(x: torch.Tensor) -> torch.Tensor:
+        x = x.to(hw.device, non_blocking=hw.non_blocking)
+        scale = 255.0 if x.dtype == torch.uint8 else 1.0
+        x = (x.float() / scale - mean_t) / std_t
+        return x.contiguous(memory_format=memory_format)
+
+    return to_device
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class TrainResult:
+    times: StepTimes
+    first_batch_s: float
+    epoch_restart_s: list[float]
+    steps: int
+    epochs_started: int
+    final_loss: float
+    train_accuracy: float
+
+
+def planned_steps(cfg: DictConfig, loader: DataLoader) -> int:
+    """Steps the run will take: ``max_steps`` or ``epochs`` worth, whichever is fewer."""
+    limits = []
+    if cfg.max_steps is not None:
+        limits.append(cfg.max_steps)
+    if cfg.epochs is not None:
+        limits.append(cfg.epochs * len(loader))
+    steps = min(limits)
+    if steps <= cfg.warmup_steps:
+        raise ConfigError(
+            f"trainer.warmup_steps={cfg.warmup_steps} leaves nothing to measure: the run takes"
+            f" {steps} steps (trainer.max_steps={cfg.max_steps}, trainer.epochs={cfg.epochs},"
+            f" {len(loader)} batches per epoch); lower warmup_steps or raise max_steps/epochs"
+        )
+    return steps
+
+
+def train(
+    model: nn.Module,
+    loader: DataLoader,
+    optimizer: torch.optim.Optimizer,
+    hw: Hardware,
+    cfg: DictConfig,
+    monitor: ResourceMonitor,
+    loader_created_at: float,
+    to_device: Callable[[torch.Tensor], torch.Tensor],
+) -> TrainResult:
+    """Train for ``planned_steps``; time every step after warm-up.
+
+    The device runs asynchronously, so it is synchronised only at window ends: per-step times
+    are host-side, and their sum over the measured phase equals its wall time. The time spent in
+    ``next(iterator)`` is the time the training loop (and so the device) waited for data.
+    """
+    total = planned_steps(cfg, loader)
+    scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
+    times = StepTimes()
+    loss_sum = torch.zeros((), device=hw.device)
+    correct = torch.zeros((), device=hw.device, dtype=torch.long)
+    window_seen = 0
+    final_loss = train_acc = float("nan")
+    first_batch_s = float("nan")
+    restarts: list[float] = []
+    step = epoch = 0
+    measure_start = window_start = 0.0
+    window_samples = 0
+    window_wait = 0.0
+    model.train()
+    bar = tqdm(total=total, unit="step", desc="train", disable=not cfg.progress, dynamic_ncols=True)
+    done = False
+    while not done:
+        t_iter = loader_created_at if epoch == 0 else time.perf_counter()
+        batches = iter(loader)
+        first = True
+        while True:
+            t0 = time.perf_counter()
+            try:
+                x, y = next(batches)
+            except StopIteration:
+                break
+            t1 = time.perf_counter()
+            if first:
+                if epoch == 0:
+                    first_batch_s = t1 - t_iter
+                else:
+                    restarts.append(t1 - t_iter)
+                first = False
+
+            x = to_device(x)
+            y = y.to(hw.device, non_blocking=hw.non_blocking)
+            with torch.autocast(hw.device.type, dtype=hw.amp_dtype, enabled=hw.amp_dtype is not None):
+                out = model(x)
+                loss = nn.functional.cross_entropy(out, y)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            loss_sum += loss.detach().float() * len(y)
+            correct += (out.detach().argmax(1) == y).sum()
+            window_seen += len(y)
+            step += 1
+
+            measured_step = step - cfg.warmup_steps
+            window_end = measured_step > 0 and (
+                measured_step % cfg.window_steps == 0 or step == total
+            )
+            if measured_step == 0:  # warm-up over: start the clock on a quiet device
+                _sync(hw.device)
+                measure_start = window_start = time.perf_counter()
+                monitor.start_cpu_window()
+                loss_sum.zero_()
+                correct.zero_()
+                window_seen = 0
+            elif measured_step > 0:
+                if window_end:
+                    _sync(hw.device)
+                t2 = time.perf_counter()
+                times.wait_s.append(t1 - t0)
+                times.step_s.append(t2 - t0)
+                times.samples += len(y)
+                window_samples += len(y)
+                window_wait += t1 - t0
+                out_of_time = cfg.max_seconds is not None and t2 - measure_start >= cfg.max_seconds
+                if out_of_time:
+                    window_end = True
+                    _sync(hw.device)
+                    t2 = time.perf_counter()
+                if window_end:
+                    span = t2 - window_start
+                    times.window_rates.append(window_samples / span)
+                    final_loss = loss_sum.item() / max(window_seen, 1)
+                    train_acc = correct.item() / max(window_seen, 1)
+                    bar.set_postfix(
+                        {
+                            "samples/s": f"{window_samples / span:,.0f}",
+                            "wait": f"{window_wait / span:.0%}",
+                            "loss": f"{final_loss:.3f}",
+                        },
+                        refresh=False,
+                    )
+                    loss_sum.zero_()
+                    correct.zero_()
+                    window_seen = window_samples = 0
+                    window_wait = 0.0
+                    window_start = t2
+                times.elapsed_s = t2 - measure_start
+                if out_of_time:
+                    done = True
+            bar.update(1)
+            if step >= total or done:
+                done = True
+                break
+        epoch += 1
+    bar.close()
+    monitor.end_cpu_window()
+    return TrainResult(
+        times=times,
+        first_batch_s=first_batch_s,
+        epoch_restart_s=restarts,
+        steps=step,
+        epochs_started=epoch,
+        final_loss=final_loss,
+        train_accuracy=train_acc,
+    )

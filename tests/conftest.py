@@ -1,0 +1,57 @@
+"""Shared fixtures: build the real config, then shrink it for a fast CPU run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import feedrate
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# A tiny run: few steps, small in-memory images, no progress bar.
+TINY = [
+    "dataset=synthetic",
+    "dataset.n_samples=256",
+    "dataset.image_size=32",
+    "loader.batch_size=16",
+    "trainer.max_steps=8",
+    "trainer.warmup_steps=2",
+    "trainer.window_steps=2",
+    "trainer.progress=false",
+]
+
+
+@pytest.fixture
+def compose():
+    def _compose(*overrides: str, tiny: bool = True):
+        return feedrate.compose([*(TINY if tiny else []), *overrides], config_dir=CONF)
+
+    return _compose
+
+
+@pytest.fixture(scope="session")
+def photos_root(tmp_path_factory) -> Path:
+    """A small photo set, built once for the whole session."""
+    return tmp_path_factory.mktemp("photos")
+
+
+PHOTOS = ["dataset=photos", "dataset.n_images=48", "dataset.image_size=64"]
+
+
+def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None = None):
+    """Run ``python train.py ARGS`` as a user would; return the CompletedProcess."""
+    full_env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "train.py", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )

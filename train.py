@@ -1,0 +1,18 @@
+"""python train.py [group=option ...] [key=value ...]   (python train.py --help lists them)
+
+Composes the run from conf/ and hands it to feedrate; returns `objective` to Hydra sweepers.
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+import feedrate.launch
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float:
+    return feedrate.launch.main(cfg)
+
+
+if __name__ == "__main__":
+    main()
