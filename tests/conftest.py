@@ -14,11 +14,9 @@ import feedrate
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
-# A tiny run: few steps, small in-memory images, no progress bar.
+# A tiny run: few steps, small in-memory images (unless a test picks its dataset), no progress bar.
+TINY_DATA = ["dataset=synthetic", "dataset.n_samples=256", "dataset.image_size=32"]
 TINY = [
-    "dataset=synthetic",
-    "dataset.n_samples=256",
-    "dataset.image_size=32",
     "loader.batch_size=16",
     "trainer.max_steps=8",
     "trainer.warmup_steps=2",
@@ -27,10 +25,16 @@ TINY = [
 ]
 
 
+def shrink(overrides) -> list[str]:
+    """The tiny settings, then ``overrides`` (which win)."""
+    picks_dataset = any(o.startswith("dataset=") for o in overrides)
+    return [*([] if picks_dataset else TINY_DATA), *TINY, *overrides]
+
+
 @pytest.fixture
 def compose():
     def _compose(*overrides: str, tiny: bool = True):
-        return feedrate.compose([*(TINY if tiny else []), *overrides], config_dir=CONF)
+        return feedrate.compose(shrink(overrides) if tiny else list(overrides), config_dir=CONF)
 
     return _compose
 

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
 from feedrate.checks import check_picklable, start_method
-from feedrate.hardware import Hardware
+from feedrate.hardware import Hardware, usable_cores
 
 log = logging.getLogger(__name__)
+
+# PyTorch warns whenever workers outnumber cores. That rule is wrong for samples that wait on
+# I/O (a sleeping worker holds no core), so feedrate replaces it with a measured view.
+warnings.filterwarnings(
+    "ignore", message=r"This DataLoader will create \d+ worker processes", category=UserWarning
+)
 
 
 def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
@@ -41,5 +48,14 @@ def build_loader(dataset: Dataset, cfg: DictConfig, hw: Hardware, seed: int) -> 
     kwargs = loader_kwargs(cfg, hw)
     if cfg.num_workers > 0:
         check_picklable(dataset, kwargs["multiprocessing_context"])
+    cores = usable_cores()
+    if cfg.num_workers > cores:
+        log.info(
+            "num_workers=%d exceeds the %g usable cores <cfg.loader.num_workers>: right when samples"
+            " wait on I/O, oversubscribed when decoding is CPU-bound; data_wait_frac and cpu_util"
+            " below tell which",
+            cfg.num_workers,
+            cores,
+        )
     generator = torch.Generator().manual_seed(seed)
     return DataLoader(dataset, generator=generator, **kwargs)
