@@ -1,11 +1,11 @@
-# make train | test | test-all | sweep | bench | lint | lock
+# make train | test | test-fast | lint | format
 # Each target sets up .venv from nothing on first use (pip, Python 3.10+).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test test-all sweep bench lint format clean
+.PHONY: setup train test test-fast lint format clean
 
 setup: $(STAMP)
 
@@ -19,18 +19,18 @@ train: $(STAMP)
 	$(PY) train.py
 
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow"
-
-test-all: $(STAMP)
 	$(PY) -m pytest
 
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
 lint: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks train.py
-	$(PY) -m ruff format --check src tests benchmarks train.py
+	$(PY) -m ruff check src tests benchmarks examples train.py
+	$(PY) -m ruff format --check src tests benchmarks examples train.py
 
 format: $(STAMP)
-	$(PY) -m ruff format src tests benchmarks train.py
-	$(PY) -m ruff check --fix src tests benchmarks train.py
+	$(PY) -m ruff format src tests benchmarks examples train.py
+	$(PY) -m ruff check --fix src tests benchmarks examples train.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
 import subprocess
+import sys
 import textwrap
 
 import psutil
@@ -80,27 +80,31 @@ def test_sleep_bound_dataset_is_input_bound_and_workers_cut_the_wait(compose, tm
     assert alone["bound"] == "input-bound"
     assert alone["data_wait_frac"] > 0.5
     assert "waited for data" in alone["evidence"]
-    helped = _run(
-        compose, tmp_path / "w8", "loader.num_workers=8", "loader.prefetch_factor=4"
-    )
+    helped = _run(compose, tmp_path / "w8", "loader.num_workers=8", "loader.prefetch_factor=4")
     assert helped["data_wait_frac"] < alone["data_wait_frac"]
     assert helped["samples_per_sec"] > alone["samples_per_sec"]
 
 
 def test_persistent_workers_restart_epochs_faster(compose, tmp_path):
-    common = ["loader.num_workers=2", "dataset.n_samples=64", "trainer.max_steps=12",
-              "trainer.epochs=3"]
+    common = [
+        "loader.num_workers=2",
+        "dataset.n_samples=64",
+        "trainer.max_steps=12",
+        "trainer.epochs=3",
+    ]
     fresh = feedrate.run(compose(*common), output_dir=tmp_path / "a")
-    kept = feedrate.run(compose(*common, "loader.persistent_workers=true"),
-                        output_dir=tmp_path / "b")
+    kept = feedrate.run(
+        compose(*common, "loader.persistent_workers=true"), output_dir=tmp_path / "b"
+    )
     assert fresh["epochs_started"] == kept["epochs_started"] == 3
     assert kept["epoch_restart_s"] < fresh["epoch_restart_s"]
 
 
 def test_no_worker_outlives_the_run(compose, tmp_path):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    feedrate.run(compose("loader.num_workers=3", "loader.persistent_workers=true"),
-                 output_dir=tmp_path)
+    feedrate.run(
+        compose("loader.num_workers=3", "loader.persistent_workers=true"), output_dir=tmp_path
+    )
     after = {p.pid for p in psutil.Process().children(recursive=True)}
     assert after - before == set()
 

@@ -18,8 +18,15 @@ from feedrate.errors import ConfigError
 from feedrate.metrics import METRIC_NAMES
 
 # Dataset keys that are counts or sizes, across the built-in datasets.
-_POSITIVE_DATASET_KEYS = ("n_images", "n_samples", "image_size", "stored_size", "num_classes",
-                          "channels", "jpeg_quality")
+_POSITIVE_DATASET_KEYS = (
+    "n_images",
+    "n_samples",
+    "image_size",
+    "stored_size",
+    "num_classes",
+    "channels",
+    "jpeg_quality",
+)
 _NON_NEGATIVE_DATASET_KEYS = ("io_latency_ms", "cpu_ms")
 
 
@@ -38,33 +45,44 @@ def _loader_problems(loader: DictConfig) -> Iterable[str]:
     if loader.batch_size < 1:
         yield f"loader.batch_size={loader.batch_size} must be at least 1"
     if loader.num_workers < 0:
-        yield (f"loader.num_workers={loader.num_workers} must be 0 (load in the main process)"
-               " or more")
+        yield (
+            f"loader.num_workers={loader.num_workers} must be 0 (load in the main process) or more"
+        )
     if loader.timeout < 0:
-        yield f"loader.timeout={loader.timeout} must be 0 (wait forever) or a positive number of seconds"
+        yield f"loader.timeout={loader.timeout} must be 0 (wait forever) or positive (seconds)"
     if loader.prefetch_factor is not None and loader.prefetch_factor < 1:
         yield f"loader.prefetch_factor={loader.prefetch_factor} must be at least 1, or null"
     if loader.num_workers == 0:
         fix = "set loader.num_workers > 0, or drop it"
         if loader.prefetch_factor is not None:
-            yield (f"loader.prefetch_factor={loader.prefetch_factor} needs worker processes but"
-                   f" loader.num_workers=0: {fix} (loader.prefetch_factor=null)")
+            yield (
+                f"loader.prefetch_factor={loader.prefetch_factor} needs worker processes but"
+                f" loader.num_workers=0: {fix} (loader.prefetch_factor=null)"
+            )
         if loader.persistent_workers:
-            yield ("loader.persistent_workers=true needs worker processes but loader.num_workers=0:"
-                   f" {fix} (loader.persistent_workers=false)")
+            yield (
+                "loader.persistent_workers=true needs worker processes but loader.num_workers=0:"
+                f" {fix} (loader.persistent_workers=false)"
+            )
         if loader.timeout > 0:
-            yield (f"loader.timeout={loader.timeout} applies to worker processes but"
-                   f" loader.num_workers=0: {fix} (loader.timeout=0)")
+            yield (
+                f"loader.timeout={loader.timeout} applies to worker processes but"
+                f" loader.num_workers=0: {fix} (loader.timeout=0)"
+            )
         if loader.multiprocessing_context is not None:
-            yield (f"loader.multiprocessing_context={_value(loader.multiprocessing_context)} needs"
-                   f" worker processes but loader.num_workers=0: {fix}"
-                   " (loader.multiprocessing_context=null)")
+            yield (
+                f"loader.multiprocessing_context={_value(loader.multiprocessing_context)} needs"
+                f" worker processes but loader.num_workers=0: {fix}"
+                " (loader.multiprocessing_context=null)"
+            )
     if loader.multiprocessing_context is not None:
         method = _value(loader.multiprocessing_context)
         available = multiprocessing.get_all_start_methods()
         if method not in available:
-            yield (f"loader.multiprocessing_context={method} is not available on this OS;"
-                   f" available: {', '.join(available)}")
+            yield (
+                f"loader.multiprocessing_context={method} is not available on this OS;"
+                f" available: {', '.join(available)}"
+            )
 
 
 def _dataset_problems(dataset: DictConfig) -> Iterable[str]:

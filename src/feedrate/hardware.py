@@ -158,7 +158,11 @@ def resolve(cfg: DictConfig, fingerprint: Fingerprint) -> Hardware:
             " use hardware=auto or hardware=cpu on this machine"
         )
     cuda = want is Device.cuda or (want is Device.auto and has_cuda)
-    if cfg.expect_gpu and cuda and cfg.expect_gpu.lower() not in (fingerprint.gpu_name or "").lower():
+    if (
+        cfg.expect_gpu
+        and cuda
+        and cfg.expect_gpu.lower() not in (fingerprint.gpu_name or "").lower()
+    ):
         log.warning(
             "hardware=%s expects a %s but found %s <cfg.hardware.expect_gpu>",
             cfg.name,

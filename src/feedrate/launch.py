@@ -118,7 +118,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     if hw.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer(cfg.trainer, model)
-
+    loader_args = loader_kwargs(cfg.loader, hw)
     log.info(
         "dataset %s: %d samples, %d classes, sample %s %s; loader %s",
         type(dataset).__name__,
@@ -126,11 +126,11 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         n_classes,
         tuple(sample.shape),
         sample.dtype,
-        loader_kwargs(cfg.loader, hw),
+        loader_args,
     )
     with ResourceMonitor() as monitor:
         created = time.perf_counter()
-        loader = build_loader(dataset, cfg.loader, hw, cfg.trainer.seed)
+        loader = build_loader(dataset, loader_args, cfg.trainer.seed)
         result = train(
             model,
             loader,
@@ -157,7 +157,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         "fingerprint": fingerprint.as_dict(),
         "device": str(hw.device),
         "amp_dtype": str(hw.amp_dtype),
-        "loader": {k: v for k, v in loader_kwargs(cfg.loader, hw).items()},
+        "loader": loader_args,
         "dataset_len": len(dataset),
         "num_classes": n_classes,
         "torch": torch.__version__,

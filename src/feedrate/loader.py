@@ -43,18 +43,21 @@ def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
     return kwargs
 
 
-def build_loader(dataset: Dataset, cfg: DictConfig, hw: Hardware, seed: int) -> DataLoader:
-    """A DataLoader over ``dataset``; refuses a dataset its workers could not receive."""
-    kwargs = loader_kwargs(cfg, hw)
-    if cfg.num_workers > 0:
+def build_loader(dataset: Dataset, kwargs: dict, seed: int) -> DataLoader:
+    """A DataLoader over ``dataset`` with ``kwargs`` from :func:`loader_kwargs`.
+
+    Refuses, before any worker starts, a dataset that its workers could not receive.
+    """
+    workers = kwargs["num_workers"]
+    if workers > 0:
         check_picklable(dataset, kwargs["multiprocessing_context"])
     cores = usable_cores()
-    if cfg.num_workers > cores:
+    if workers > cores:
         log.info(
-            "num_workers=%d exceeds the %g usable cores <cfg.loader.num_workers>: right when samples"
-            " wait on I/O, oversubscribed when decoding is CPU-bound; data_wait_frac and cpu_util"
-            " below tell which",
-            cfg.num_workers,
+            "num_workers=%d exceeds the %g usable cores <cfg.loader.num_workers>: right when"
+            " samples wait on I/O, oversubscribed when decoding is CPU-bound; data_wait_frac"
+            " and cpu_util in the summary tell which",
+            workers,
             cores,
         )
     generator = torch.Generator().manual_seed(seed)

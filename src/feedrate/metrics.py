@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import statistics
 import threading
-import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -142,6 +141,13 @@ def verdict(data_wait_frac: float, cpu_util: float | None, device: str) -> tuple
             f"the {device} waited for data {data_wait_frac:.0%} of the time"
             f" (> {INPUT_BOUND_WAIT_FRAC:.0%}){cpu}; {hint}"
         )
+    if device == "CPU" and cpu_util is not None and cpu_util > 0.9:
+        return "compute-bound", (
+            f"the CPU waited for data only {data_wait_frac:.0%} of the time"
+            f" (<= {INPUT_BOUND_WAIT_FRAC:.0%}){cpu}; the loader keeps up, but loading and"
+            " training share the same saturated cores: only less work per sample or more cores"
+            " will speed this up"
+        )
     return "compute-bound", (
         f"the {device} waited for data only {data_wait_frac:.0%} of the time"
         f" (<= {INPUT_BOUND_WAIT_FRAC:.0%}){cpu}; the model sets the pace, a faster loader"
@@ -195,14 +201,17 @@ def format_summary(m: dict) -> str:
     restart = (
         f"{m['epoch_restart_s']:.2f} s" if m.get("epoch_restart_s") is not None else "n/a (1 epoch)"
     )
-    spread = f" (window spread {m['window_spread']:.0%})" if m.get("window_spread") is not None else ""
+    spread = (
+        f" (window spread {m['window_spread']:.0%})" if m.get("window_spread") is not None else ""
+    )
     cpu = f"{m['cpu_util']:.0%}" if m.get("cpu_util") is not None else "?"
     return "\n".join(
         [
             f"samples/s        {m['samples_per_sec']:,.1f}{spread}",
             f"data wait        {m['data_wait_frac']:.1%} of step time",
             f"first batch      {m['first_batch_s']:.2f} s   (later epochs: {restart})",
-            f"step time        p50 {m['step_time_p50_ms']:.1f} ms, p90 {m['step_time_p90_ms']:.1f} ms",
+            f"step time        p50 {m['step_time_p50_ms']:.1f} ms,"
+            f" p90 {m['step_time_p90_ms']:.1f} ms",
             f"CPU busy         {cpu}",
             f"memory (PSS)     {m['peak_pss_mb']:,.0f} MB peak over {m['peak_processes']} processes"
             f" (main {m['peak_main_pss_mb']:,.0f} MB); /dev/shm peak {m['peak_shm_mb']:,.1f} MB",

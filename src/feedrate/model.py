@@ -1,4 +1,4 @@
-"""Models, built from ``cfg.model`` (a ``_partial_`` target) once the dataset's classes are known."""
+"""Models, built from ``cfg.model`` (a ``_partial_`` target) once the classes are known."""
 
 from __future__ import annotations
 

@@ -135,7 +135,9 @@ def train(
 
             x = to_device(x)
             y = y.to(hw.device, non_blocking=hw.non_blocking)
-            with torch.autocast(hw.device.type, dtype=hw.amp_dtype, enabled=hw.amp_dtype is not None):
+            with torch.autocast(
+                hw.device.type, dtype=hw.amp_dtype, enabled=hw.amp_dtype is not None
+            ):
                 out = model(x)
                 loss = nn.functional.cross_entropy(out, y)
             optimizer.zero_grad(set_to_none=True)
