@@ -10,6 +10,9 @@ From a notebook or a script::
 
 from feedrate import config as _config  # noqa: F401  (registers the schemas with Hydra)
 from feedrate.launch import compose, run
+from feedrate.resolvers import register_resolvers
+
+register_resolvers()
 
 __all__ = ["compose", "run"]
 __version__ = "0.1.0"

@@ -119,6 +119,13 @@ class TinyCNNConfig:
 
 
 @dataclass
+class PooledLinearConfig:
+    _target_: str = "feedrate.model.PooledLinear"
+    _partial_: bool = True
+    grid: int = 8
+
+
+@dataclass
 class TorchvisionModelConfig:
     """A torchvision classification model, randomly initialised (no weight download)."""
 
@@ -160,6 +167,23 @@ class TrainerConfig:
 
 
 @dataclass
+class SweepConfig:
+    """``sweep=loader``: what to search, how to decide, where the preset goes."""
+
+    preset_name: str = MISSING  # conf/loader/<preset_name>.yaml; default from the fingerprint
+    overwrite: bool = False  # replace a preset feedrate did not write
+    study_dir: str = "outputs/sweeps"  # SQLite studies; the same command resumes its study
+    max_workers: int | None = None  # null: from the fingerprint, far past the core count
+    # Empty: the platform's default start method only (fork on Linux, spawn on macOS/Windows).
+    start_methods: list[str] = field(default_factory=list)
+    tune_batch_size: bool = False  # off: batch size changes training, not just loading
+    batch_sizes: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
+    finalists: int = 2  # best candidates re-measured against the baselines
+    final_rounds: int = 2  # alternating re-measurements of each finalist and baseline
+    write_preset: bool = True
+
+
+@dataclass
 class TrainConfig:
     dataset: Any = MISSING
     loader: LoaderConfig = field(default_factory=LoaderConfig)
@@ -168,6 +192,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     # Which metric train.py returns, so a Hydra sweeper can optimise it.
     objective: str = "samples_per_sec"
+    sweep: SweepConfig | None = None
 
 
 def register_configs() -> None:
@@ -179,6 +204,7 @@ def register_configs() -> None:
     cs.store(group="dataset", name="image_folder_schema", node=ImageFolderConfig)
     cs.store(group="model", name="tiny_cnn_schema", node=TinyCNNConfig)
     cs.store(group="model", name="torchvision_schema", node=TorchvisionModelConfig)
+    cs.store(group="model", name="pooled_linear_schema", node=PooledLinearConfig)
 
 
 register_configs()

@@ -17,14 +17,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing import get_context
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
-from torchvision import datasets
-from torchvision.transforms import v2
 from tqdm import tqdm
+
+if TYPE_CHECKING:  # torchvision takes a second to import: only the image datasets need it
+    from torchvision import datasets
+    from torchvision.transforms import v2
 
 from feedrate.errors import ConfigError, DatasetError
 from feedrate.hardware import usable_cores
@@ -168,6 +171,8 @@ def ensure_photos(root: str | os.PathLike, n_images: int, jpeg_quality: int, see
 
 
 def _train_transform(image_size: int) -> v2.Compose:
+    from torchvision.transforms import v2
+
     # Decoded with Pillow, cropped and flipped on the PIL image, returned as a uint8 tensor.
     return v2.Compose(
         [
@@ -186,6 +191,8 @@ def _rgb_loader(path: str) -> Image.Image:
 
 def build_image_folder(root: str, image_size: int = 224) -> datasets.ImageFolder:
     """Any ImageFolder directory, decoded and augmented like a training set."""
+    from torchvision import datasets
+
     path = Path(root).expanduser()
     if not path.is_dir():
         raise DatasetError(
@@ -257,6 +264,8 @@ class SyntheticDataset(Dataset):
 
 
 def _render_memmap(tmp: Path, photos: datasets.ImageFolder, size: int) -> None:
+    from torchvision.transforms import v2
+
     n = len(photos.samples)
     images = np.lib.format.open_memmap(
         tmp / "images.npy", mode="w+", dtype=np.uint8, shape=(n, size, size, 3)

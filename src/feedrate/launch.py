@@ -159,6 +159,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         "amp_dtype": str(hw.amp_dtype),
         "loader": loader_args,
         "dataset_len": len(dataset),
+        "sample_bytes": sample.element_size() * sample.nelement(),
         "num_classes": n_classes,
         "torch": torch.__version__,
         "date": datetime.now().isoformat(timespec="seconds"),

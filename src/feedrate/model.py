@@ -41,6 +41,23 @@ class TinyCNN(nn.Module):
         return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
+class PooledLinear(nn.Module):
+    """Average-pool to ``grid`` x ``grid``, then one linear layer: almost no compute.
+
+    For measuring the input pipeline itself: with this model, samples/s is what the loader
+    delivers into a real training step (host-to-device copy, normalisation, backward, update).
+    """
+
+    def __init__(self, num_classes: int, grid: int = 8, in_channels: int = 3) -> None:
+        super().__init__()
+        self.grid = grid
+        self.head = nn.Linear(in_channels * grid * grid, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.adaptive_avg_pool2d(x, self.grid)
+        return self.head(torch.flatten(x, 1))
+
+
 def build_model(cfg: DictConfig, num_classes: int) -> nn.Module:
     factory: Callable[..., nn.Module] = instantiate(cfg)
     return factory(num_classes=num_classes)

@@ -1,0 +1,84 @@
+"""Predict a loader configuration's memory and shared memory before running it.
+
+Each DataLoader worker is a process; with many workers the OOM killer, or a small ``/dev/shm``
+(Docker gives 64 MB), ends the run half-way, after minutes of start-up. The guard learns the
+footprint of the main process and of one worker from the trials that ran, and skips a
+configuration predicted to exceed the machine's budget, with the figures as its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import psutil
+from omegaconf import DictConfig
+
+from feedrate.hardware import shm_bytes
+
+log = logging.getLogger(__name__)
+MB = 2**20
+
+
+@dataclass
+class Footprint:
+    main_mb: float = 0.0  # main process PSS
+    per_worker_mb: float = 0.0  # PSS added by one worker
+    sample_bytes: int = 0  # one sample as the loader moves it
+
+
+def predict(loader: DictConfig, fp: Footprint) -> tuple[float, float]:
+    """(memory MB, shared memory MB) that ``loader`` is predicted to need at peak."""
+    workers = loader.num_workers
+    memory = fp.main_mb + workers * fp.per_worker_mb
+    if workers == 0:
+        return memory, 0.0
+    prefetch = loader.prefetch_factor or 2
+    batch_mb = loader.batch_size * fp.sample_bytes / MB
+    # Batches in flight: `prefetch` per worker, each in a shared-memory segment.
+    return memory, workers * prefetch * batch_mb
+
+
+class FeasibilityGuard:
+    def __init__(self, budget_frac: float = 0.8) -> None:
+        self.budget_frac = budget_frac
+        self.footprint = Footprint()
+        self.learned = False
+        self.ram_budget_mb = psutil.virtual_memory().available / MB * budget_frac
+        shm = shm_bytes()
+        self.shm_budget_mb = (shm[0] - shm[1]) / MB * budget_frac if shm else float("inf")
+
+    def learn(self, cfg: DictConfig, result) -> None:
+        """Update the footprint from a finished trial's metrics (peaks only ever grow)."""
+        m = result.metrics
+        if not m or not m.get("peak_pss_mb"):
+            return
+        fp = self.footprint
+        fp.main_mb = max(fp.main_mb, m["peak_main_pss_mb"])
+        workers = cfg.loader.num_workers
+        if workers > 0:
+            per = (m["peak_pss_mb"] - m["peak_main_pss_mb"]) / workers
+            fp.per_worker_mb = max(fp.per_worker_mb, per)
+        fp.sample_bytes = max(fp.sample_bytes, m.get("run", {}).get("sample_bytes", 0))
+        self.learned = True
+
+    def check(self, cfg: DictConfig) -> str | None:
+        """Why ``cfg`` should not run (None when it fits, or nothing is known yet)."""
+        if not self.learned:
+            return None
+        memory, shm = predict(cfg.loader, self.footprint)
+        if memory > self.ram_budget_mb:
+            return (
+                f"predicted memory {memory:,.0f} MB (main {self.footprint.main_mb:,.0f} MB +"
+                f" {cfg.loader.num_workers} workers x {self.footprint.per_worker_mb:,.0f} MB)"
+                f" exceeds the budget {self.ram_budget_mb:,.0f} MB"
+                f" ({self.budget_frac:.0%} of available RAM)"
+            )
+        if shm > self.shm_budget_mb:
+            return (
+                f"predicted shared memory {shm:,.0f} MB ({cfg.loader.num_workers} workers x"
+                f" prefetch {cfg.loader.prefetch_factor or 2} x batch of {cfg.loader.batch_size})"
+                f" exceeds the budget {self.shm_budget_mb:,.0f} MB"
+                f" ({self.budget_frac:.0%} of free /dev/shm; raise it with docker --shm-size)"
+            )
+        return None

@@ -1,0 +1,98 @@
+"""Loader presets written by a sweep: plain data, a header that says how they were measured,
+written atomically, never over a preset that feedrate did not write (unless asked)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from feedrate.errors import ConfigError
+from feedrate.files import atomic_write_text
+
+MARKER = "# feedrate-preset: written by `python train.py -m sweep=loader`"
+# Keys a preset may set: the DataLoader's own, as in LoaderConfig. Nothing executable.
+PRESET_KEYS = (
+    "batch_size",
+    "num_workers",
+    "pin_memory",
+    "prefetch_factor",
+    "persistent_workers",
+    "multiprocessing_context",
+    "timeout",
+)
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def preset_path(conf_dir: str | Path, name: str) -> Path:
+    """``conf/loader/<name>.yaml``, refusing names that would leave that directory."""
+    if not _NAME.match(name) or name.endswith(".yaml"):
+        raise ConfigError(
+            f"sweep.preset_name={name!r} is not a valid preset name; use letters, digits, '_',"
+            " '-' and '.', e.g. sweep.preset_name=tuned_8core_nvme"
+        )
+    return Path(conf_dir) / "loader" / f"{name}.yaml"
+
+
+def check_writable(path: Path, overwrite: bool) -> None:
+    """Refuse, before a sweep starts, to replace a preset feedrate did not write."""
+    if not path.exists() or overwrite:
+        return
+    if MARKER not in path.read_text().splitlines()[:1]:
+        raise ConfigError(
+            f"{path} exists and was not written by a feedrate sweep: it is kept. Choose another"
+            f" name (sweep.preset_name=...) or replace it with sweep.overwrite=true"
+        )
+
+
+def render(values: dict, header_lines: list[str]) -> str:
+    """The preset's text: marker, commented header, ``defaults: [default]``, the keys."""
+    unknown = set(values) - set(PRESET_KEYS)
+    if unknown:
+        raise ValueError(f"not loader preset keys: {sorted(unknown)}")
+    body = yaml.safe_dump(
+        {"defaults": ["default", "_self_"], **values}, sort_keys=False, default_flow_style=False
+    )
+    header = "\n".join(f"# {line}".rstrip() for line in header_lines)
+    return f"{MARKER}\n{header}\n{body}"
+
+
+def write_preset(path: Path, text: str, overwrite: bool, verify) -> None:
+    """Write ``text`` to ``path`` atomically; if ``verify()`` fails, put the old file back."""
+    check_writable(path, overwrite)
+    old = path.read_text() if path.exists() else None
+    atomic_write_text(path, text)
+    try:
+        verify()
+    except Exception:
+        if old is None:
+            path.unlink(missing_ok=True)
+        else:
+            atomic_write_text(path, old)
+        raise
+
+
+def compose_back(script: str | Path, name: str, extra: list[str]) -> dict:
+    """Compose ``loader=<name>`` as a user would, in a fresh process; return the loader node."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            f"loader={name}",
+            *extra,
+            "--cfg",
+            "job",
+            "--package",
+            "loader",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if proc.returncode != 0:
+        raise ConfigError(f"the written preset loader={name} does not compose: {proc.stderr}")
+    node = yaml.safe_load(proc.stdout)
+    return node.get("loader", node) if isinstance(node, dict) else {}

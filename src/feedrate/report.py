@@ -1,0 +1,225 @@
+"""What a loader sweep leaves in its output directory: trials.csv, sweep_report.md, PNG plots."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import optuna  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from feedrate.files import atomic_write_text  # noqa: E402
+from feedrate.trial import TrialResult  # noqa: E402
+
+PARAMS = (
+    "num_workers",
+    "prefetch_factor",
+    "persistent_workers",
+    "multiprocessing_context",
+    "pin_memory",
+    "batch_size",
+)
+COLUMNS = (
+    "phase",
+    "name",
+    *PARAMS,
+    "status",
+    "samples_per_sec",
+    "data_wait_frac",
+    "first_batch_s",
+    "peak_pss_mb",
+    "peak_shm_mb",
+    "duration_s",
+    "reason",
+)
+
+
+def collect_search(sweep_dir: Path) -> list[TrialResult]:
+    """This session's search trials, in launch order (job directories 0, 1, 2, ...)."""
+    jobs = sorted((p for p in sweep_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    return [TrialResult.load(p) for p in jobs if (p / "trial.json").exists()]
+
+
+def _params(overrides: list[str], metrics: dict) -> dict:
+    """Loader parameters of a trial: as run (metrics.json) when it ran, else from overrides."""
+    ran = metrics.get("run", {}).get("loader", {}) if metrics else {}
+    out = {k: ran.get(k) for k in PARAMS if k in ran}
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.startswith("loader.") and key[7:] in PARAMS and key[7:] not in out:
+            out[key[7:]] = value
+    return out
+
+
+def _row(phase: str, name: str, r: TrialResult) -> dict:
+    m = r.metrics or {}
+    return {
+        "phase": phase,
+        "name": name,
+        **_params(r.overrides, m),
+        "status": r.status,
+        "samples_per_sec": r.value,
+        "data_wait_frac": m.get("data_wait_frac"),
+        "first_batch_s": m.get("first_batch_s"),
+        "peak_pss_mb": m.get("peak_pss_mb"),
+        "peak_shm_mb": m.get("peak_shm_mb"),
+        "duration_s": round(r.duration_s, 2),
+        "reason": r.reason,
+    }
+
+
+def rows(study: optuna.Study, search: list[TrialResult], contestants, n_new: int) -> list[dict]:
+    out = []
+    earlier = study.trials[: max(0, len(study.trials) - n_new)]
+    for t in earlier:
+        params = {k.split(".", 1)[1]: v for k, v in t.params.items()}
+        out.append(
+            {
+                "phase": "earlier session",
+                "name": f"trial {t.number}",
+                **params,
+                "status": t.state.name.lower(),
+                "samples_per_sec": t.value,
+            }
+        )
+    first_new = len(study.trials) - n_new
+    for i, r in enumerate(search):
+        out.append(_row("search", f"trial {first_new + i}", r))
+    for c in contestants:
+        for k, r in enumerate(c.results):
+            out.append(_row(f"final {k + 1}", c.name, r))
+    return out
+
+
+def _fmt(v) -> str:
+    if v is None or v == "":
+        return ""
+    if isinstance(v, float):
+        return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+    return str(v)
+
+
+def write_csv(path: Path, table: list[dict]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, restval="", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(table)
+    atomic_write_text(path, buf.getvalue())
+
+
+def write_markdown(path: Path, config: DictConfig, table, contestants, decision) -> None:
+    lines = [
+        "# Loader sweep",
+        "",
+        f"Study `{config.hydra.sweeper.study_name}`, storage `{config.hydra.sweeper.storage}`.",
+        "",
+        "## Final re-measurement (alternating, same session)",
+        "",
+        "| configuration | median samples/s | spread | runs | ratio to winner |",
+        "|---|---|---|---|---|",
+    ]
+    win = decision.winner.median
+    for c in contestants:
+        med = c.median
+        ratio = f"{med / win:.2f}" if med and win else ""
+        lines.append(
+            f"| {c.name}{' (baseline)' if c.is_baseline else ''}"
+            f"{' **winner**' if c is decision.winner else ''} | {_fmt(med)} | {_fmt(c.spread)}"
+            f" | {len(c.values)}/{len(c.results)} | {ratio} |"
+        )
+    lines += ["", f"Decision: {decision.reason}.", "", "## Every trial", ""]
+    lines.append("| " + " | ".join(COLUMNS) + " |")
+    lines.append("|" + "---|" * len(COLUMNS))
+    for row in table:
+        lines.append("| " + " | ".join(_fmt(row.get(c)) for c in COLUMNS) + " |")
+    lines += [
+        "",
+        "Plots: `samples_vs_workers.png`, `trials_over_time.png`, `final_comparison.png`.",
+        "",
+    ]
+    atomic_write_text(path, "\n".join(lines))
+
+
+def plot_all(sweep_dir: Path, table: list[dict], contestants, decision) -> None:
+    ok = [r for r in table if r["status"] in ("ok", "complete") and r.get("samples_per_sec")]
+
+    # samples/s against num_workers, one series per (persistent_workers, start method) setting
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series: dict[str, list] = {}
+    for r in ok:
+        if r.get("num_workers") in (None, ""):
+            continue
+        label = f"persistent={r.get('persistent_workers')}, {r.get('multiprocessing_context')}"
+        series.setdefault(label, []).append((int(r["num_workers"]), r["samples_per_sec"]))
+    for label, pts in sorted(series.items()):
+        xs, ys = zip(*sorted(pts), strict=True)
+        ax.plot(xs, ys, "o", label=label, alpha=0.8)
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlabel("num_workers")
+    ax.set_ylabel("samples/s")
+    ax.set_title("Throughput against workers (every measured trial)")
+    ax.grid(True, alpha=0.3)
+    if series:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(sweep_dir / "samples_vs_workers.png", dpi=110)
+    plt.close(fig)
+
+    # the search over time, with the best so far
+    search = [r for r in table if r["phase"] in ("search", "earlier session")]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    best, xs, ys, bests, fails = 0.0, [], [], [], []
+    for i, r in enumerate(search):
+        v = r.get("samples_per_sec")
+        if v:
+            best = max(best, v)
+            xs.append(i)
+            ys.append(v)
+        else:
+            fails.append(i)
+        bests.append(best)
+    ax.plot(xs, ys, "o", label="trial")
+    ax.step(range(len(bests)), bests, where="post", label="best so far")
+    if fails:
+        ax.plot(fails, [0] * len(fails), "x", color="red", label="failed / skipped")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("samples/s")
+    ax.set_title("Search trials over time")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(sweep_dir / "trials_over_time.png", dpi=110)
+    plt.close(fig)
+
+    # baselines against candidates in the final round
+    measured = [c for c in contestants if c.median is not None]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = [c.name for c in measured]
+    meds = [c.median for c in measured]
+    lo = [c.median - min(c.values) for c in measured]
+    hi = [max(c.values) - c.median for c in measured]
+    colors = [
+        "tab:green" if c is decision.winner else ("tab:gray" if c.is_baseline else "tab:blue")
+        for c in measured
+    ]
+    ax.bar(names, meds, yerr=[lo, hi], color=colors, capsize=4)
+    for i, m in enumerate(meds):
+        ax.text(i, m, f"{m:,.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("median samples/s (min-max)")
+    ax.set_title("Final re-measurement: baselines (gray), candidates, winner (green)")
+    fig.autofmt_xdate(rotation=20)
+    fig.tight_layout()
+    fig.savefig(sweep_dir / "final_comparison.png", dpi=110)
+    plt.close(fig)
+
+
+def write_all(sweep_dir: Path, config, study, search, contestants, decision) -> None:
+    table = rows(study, search, contestants, n_new=len(search))
+    write_csv(sweep_dir / "trials.csv", table)
+    write_markdown(sweep_dir / "sweep_report.md", config, table, contestants, decision)
+    plot_all(sweep_dir, table, contestants, decision)

@@ -1,0 +1,60 @@
+"""OmegaConf resolvers that conf/sweep/loader.yaml uses: names derived from the machine and
+the workload, so the same command resumes the same study."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from feedrate import hardware
+
+
+def default_preset_name() -> str:
+    """``tuned_<cores>core_<cpu|gpu model>``, e.g. ``tuned_2core_cpu``, ``tuned_16core_h200``."""
+    fp = hardware.detect()
+    cores = int(fp.usable_cores)
+    if fp.gpu_name:
+        words = [w for w in fp.gpu_name.lower().replace("-", " ").split() if w != "nvidia"]
+        numbered = [w for w in words if any(c.isdigit() for c in w)]
+        model = (numbered or words or ["gpu"])[0]
+        return f"tuned_{cores}core_{model}"
+    return f"tuned_{cores}core_cpu"
+
+
+def workload_key(root: DictConfig) -> str:
+    """A short hash of what the loader feeds: dataset, model, hardware, batch size.
+
+    Part of the study name, so the same command resumes its study and a different workload
+    (another dataset, another latency) starts a new one.
+    """
+    parts = {
+        "dataset": OmegaConf.to_container(root.dataset, resolve=True, enum_to_str=True),
+        "model": OmegaConf.to_container(root.model, resolve=True, enum_to_str=True),
+        "hardware": OmegaConf.to_container(root.hardware, resolve=True, enum_to_str=True),
+        "batch_size": root.loader.batch_size,
+        "tune_batch_size": root.sweep.tune_batch_size,
+    }
+    return hashlib.sha1(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def study_name(*, _root_: DictConfig) -> str:
+    return f"loader-{_root_.sweep.preset_name}-{workload_key(_root_)}"
+
+
+def study_storage(*, _root_: DictConfig) -> str:
+    directory = Path(_root_.sweep.study_dir).expanduser().resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{directory / study_name(_root_=_root_)}.db"
+
+
+def register_resolvers() -> None:
+    for name, fn, cache in [
+        ("feedrate_preset_name", default_preset_name, True),
+        ("feedrate_study_name", study_name, False),
+        ("feedrate_study_storage", study_storage, False),
+    ]:
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn, use_cache=cache)

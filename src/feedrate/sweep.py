@@ -1,0 +1,363 @@
+"""``python train.py -m sweep=loader``: tune the DataLoader by measuring, then write a preset.
+
+Hydra's Optuna sweeper runs the study (TPE, one trial at a time, SQLite storage so a second
+run resumes it); ``hydra/launcher=feedrate_trial`` runs each trial in a fresh process with a
+time limit. This module adds what a throughput study needs around that:
+
+- the search space, with bounds from the hardware fingerprint and not capped at the core count
+  (a worker waiting on I/O holds no core), and conditional parameters (``loader_search_space``);
+- a callback that seeds the study, then, after it, re-measures the best candidates and the
+  baselines (PyTorch's default, ``recipe``, the preset the user selected) alternately in the
+  same session, keeps the winner only if it beats the best baseline by more than the measured
+  spread, and writes the preset, ``best_config.yaml``, ``trials.csv``, ``sweep_report.md`` and
+  plots (``LoaderSweep``).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import statistics
+import sys
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from feedrate import hardware
+from feedrate.errors import ConfigError, FeedrateError
+from feedrate.preset import PRESET_KEYS, check_writable, compose_back, preset_path, render
+from feedrate.preset import write_preset as write_preset_file
+from feedrate.trial import TrialResult, run_trial
+
+log = logging.getLogger("feedrate.sweep")
+
+# enqueue_trial and friends are "experimental" in optuna 2.x, and IntLogUniformDistribution
+# warns about its `step`; neither is actionable for a user of the sweep.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+warnings.filterwarnings("ignore", message="Samplers and other components in Optuna")
+
+BASELINES = ("default", "recipe")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds from the fingerprint
+
+
+def max_workers(cfg: DictConfig) -> int:
+    """Upper bound for ``num_workers``: not the core count.
+
+    A worker blocked on storage or network latency holds no core, so latency-bound data keeps
+    scaling far past the cores (the sleep-10-ms dataset on 2 cores peaks at 32+ workers). The
+    memory guard, not this bound, keeps a large count from running the machine out of memory.
+    """
+    if cfg.sweep.max_workers:
+        return cfg.sweep.max_workers
+    return int(min(256, max(64, 8 * hardware.usable_cores())))
+
+
+def start_methods(cfg: DictConfig) -> list[str]:
+    """The start methods to search: those in ``sweep.start_methods`` that this OS has.
+
+    The start method changes start-up cost (a spawned worker imports torch and unpickles the
+    dataset), not steady-state throughput, so by default only the platform's own is searched;
+    ``sweep.start_methods=[fork,forkserver,spawn]`` adds the others.
+    """
+    available = multiprocessing.get_all_start_methods()
+    wanted = list(cfg.sweep.start_methods) or [multiprocessing.get_start_method()]
+    methods = [m for m in wanted if m in available]
+    return methods or [multiprocessing.get_start_method()]
+
+
+def loader_search_space(cfg: DictConfig, trial: optuna.trial.Trial) -> None:
+    """Suggest the loader's parameters for one trial (``hydra.sweeper.custom_search_space``).
+
+    ``num_workers`` is log-uniform from 1 to :func:`max_workers`; the worker-only parameters are
+    always suggested with it, so every trial states them all and none is inherited from the
+    preset the sweep started from. ``num_workers=0`` is PyTorch's default, measured as a
+    baseline. ``pin_memory`` is searched only when there is a CUDA device to pin for.
+    """
+    trial.suggest_int("loader.num_workers", 1, max_workers(cfg), log=True)
+    trial.suggest_int("loader.prefetch_factor", 1, 16, log=True)
+    trial.suggest_categorical("loader.persistent_workers", [True, False])
+    trial.suggest_categorical("loader.multiprocessing_context", start_methods(cfg))
+    if torch.cuda.is_available():
+        trial.suggest_categorical("loader.pin_memory", [True, False])
+    if cfg.sweep.tune_batch_size:
+        trial.suggest_categorical("loader.batch_size", list(cfg.sweep.batch_sizes))
+
+
+# ---------------------------------------------------------------------------------------------
+# The final re-measurement and the decision
+
+
+@dataclass
+class Contestant:
+    name: str  # "recipe", "default", "trial 7", ...
+    overrides: list[str]
+    is_baseline: bool
+    search_value: float | None = None
+    results: list[TrialResult] = field(default_factory=list)
+
+    @property
+    def values(self) -> list[float]:
+        return [r.value for r in self.results if r.ok]
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.values) if self.values else None
+
+    @property
+    def spread(self) -> float:
+        """(max - min) of the repeats, in samples/s."""
+        return max(self.values) - min(self.values) if len(self.values) > 1 else 0.0
+
+    def loader(self) -> dict:
+        for r in self.results:
+            if r.ok:
+                composed = OmegaConf.load(Path(r.job_dir) / ".hydra" / "config.yaml")
+                return OmegaConf.to_container(composed.loader, resolve=True)
+        return {}
+
+    def cost(self) -> tuple[float, float]:
+        """Cheaper first: fewer workers, then less memory."""
+        mem = [r.metrics.get("peak_pss_mb") or 0.0 for r in self.results if r.ok]
+        return (self.loader().get("num_workers", 0), statistics.median(mem) if mem else 0.0)
+
+
+@dataclass
+class Decision:
+    winner: Contestant
+    best_baseline: Contestant
+    best_candidate: Contestant | None
+    reason: str
+    contestants: list[Contestant] = field(default_factory=list)
+
+
+def decide(contestants: list[Contestant]) -> Decision:
+    """The best candidate wins only if it beats the best baseline by more than the noise."""
+    measured = [c for c in contestants if c.median is not None]
+    baselines = [c for c in measured if c.is_baseline]
+    candidates = [c for c in measured if not c.is_baseline]
+    if not baselines and not candidates:
+        raise FeedrateError("no configuration could be measured in the final round")
+    if not baselines:
+        best = max(candidates, key=lambda c: c.median)
+        return Decision(best, best, best, "no baseline could be measured", contestants)
+    base = max(baselines, key=lambda c: c.median)
+    if not candidates:
+        return Decision(base, base, None, "no tuned candidate could be measured", contestants)
+    cand = max(candidates, key=lambda c: c.median)
+    noise = max(cand.spread, base.spread)
+    margin = cand.median - base.median
+    if margin <= 0:
+        reason = (
+            f"the best baseline, {base.name}, measured {-margin:,.1f} samples/s faster than the"
+            f" best tuned candidate, {cand.name}"
+        )
+        return Decision(base, base, cand, reason, contestants)
+    if margin > noise:
+        reason = (
+            f"{cand.name} beats {base.name} by {margin:,.1f} samples/s, more than the measured"
+            f" spread ({noise:,.1f})"
+        )
+        return Decision(cand, base, cand, reason, contestants)
+    cheaper = min((cand, base), key=lambda c: c.cost())
+    reason = (
+        f"{cand.name} beats {base.name} by only {margin:,.1f} samples/s, within the measured"
+        f" spread ({noise:,.1f}): the cheaper configuration (fewer workers, less memory),"
+        f" {cheaper.name}, wins"
+    )
+    return Decision(cheaper, base, cand, reason, contestants)
+
+
+# ---------------------------------------------------------------------------------------------
+# The callback
+
+
+def _conf_dir(config: DictConfig) -> Path:
+    for source in config.hydra.runtime.config_sources:
+        if source.provider == "main" and source.schema == "file":
+            return Path(source.path)
+    raise ConfigError("cannot find the config directory to write the preset into")
+
+
+def _base_args(config: DictConfig) -> list[str]:
+    """The command line's overrides, which every trial repeats."""
+    return list(config.hydra.overrides.task)
+
+
+def _fail(exc: FeedrateError) -> None:
+    log.error("%s", exc)
+    sys.exit(exc.exit_code)
+
+
+class LoaderSweep(Callback):
+    """Hydra callback for ``sweep=loader``: checks and seeding before, decision after."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            name = config.sweep.preset_name
+            path = preset_path(_conf_dir(config), name)
+            check_writable(path, config.sweep.overwrite)
+        except FeedrateError as exc:
+            _fail(exc)
+        sweeper = config.hydra.sweeper
+        study = optuna.create_study(
+            study_name=sweeper.study_name,
+            storage=sweeper.storage,
+            direction="maximize",
+            load_if_exists=True,
+        )
+        earlier = len(study.trials)
+        if earlier == 0:
+            # Seeds: the core count (what CPU-capped tuners pick) and far past it.
+            cores = max(1, int(hardware.usable_cores()))
+            for workers in sorted({cores, min(max_workers(config), 8 * cores)}):
+                study.enqueue_trial({"loader.num_workers": workers})
+        log.info(
+            "loader sweep: study %s (%s), %d earlier trials; %d new trials, one at a time, each"
+            " in a fresh process (limit %g s); then %d finalists and the baselines re-measured"
+            " %d times; preset -> %s",
+            sweeper.study_name,
+            sweeper.storage,
+            earlier,
+            sweeper.n_trials,
+            config.hydra.launcher.timeout_s,
+            config.sweep.finalists,
+            config.sweep.final_rounds,
+            path,
+        )
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            self._finish(config)
+        except FeedrateError as exc:
+            _fail(exc)
+
+    def _finish(self, config: DictConfig) -> None:
+        from feedrate import report
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweeper = config.hydra.sweeper
+        study = optuna.load_study(study_name=sweeper.study_name, storage=sweeper.storage)
+        search = report.collect_search(sweep_dir)
+        contestants = self._contestants(config, study)
+        self._remeasure(config, contestants, sweep_dir / "final")
+        decision = decide(contestants)
+        log.info("decision: %s", decision.reason)
+
+        name = config.sweep.preset_name
+        path = preset_path(_conf_dir(config), name)
+        winner_result = next(r for r in decision.winner.results if r.ok)
+        (sweep_dir / "best_config.yaml").write_text(
+            (Path(winner_result.job_dir) / ".hydra" / "config.yaml").read_text()
+        )
+        report.write_all(sweep_dir, config, study, search, contestants, decision)
+        if config.sweep.write_preset:
+            self._write_preset(config, path, decision, study)
+        log.info("sweep report: %s", sweep_dir / "sweep_report.md")
+
+    def _contestants(self, config: DictConfig, study: optuna.Study) -> list[Contestant]:
+        args = _base_args(config)
+        without_loader = [a for a in args if not a.startswith("loader=")]
+        selected = config.hydra.runtime.choices.get("loader", "default")
+        contestants = [
+            Contestant(b, [*without_loader, f"loader={b}"], True)
+            for b in dict.fromkeys([*BASELINES, selected])
+        ]
+        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        seen: set[tuple] = set()
+        for t in sorted(done, key=lambda t: t.value, reverse=True):
+            key = tuple(sorted(t.params.items()))
+            if key in seen:
+                continue
+            seen.add(key)
+            params = [f"{k}={v}" for k, v in t.params.items()]
+            contestants.append(Contestant(f"trial {t.number}", [*args, *params], False, t.value))
+            if len(seen) >= config.sweep.finalists:
+                break
+        if not done:
+            failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+            log.warning("no search trial completed (%d failed); baselines only", len(failed))
+        return contestants
+
+    def _remeasure(self, config: DictConfig, contestants: list[Contestant], out: Path) -> None:
+        from tqdm import tqdm
+
+        script = Path(sys.argv[0]).resolve()
+        rounds = config.sweep.final_rounds
+        timeout = config.hydra.launcher.timeout_s
+        bar = tqdm(total=rounds * len(contestants), desc="final re-measurement", unit="run")
+        for r in range(rounds):
+            # Alternate, and reverse every other round, so drift hits everyone alike.
+            order = contestants if r % 2 == 0 else contestants[::-1]
+            for c in order:
+                slug = c.name.replace(" ", "_")
+                res = run_trial(script, c.overrides, out / f"round{r}_{slug}", timeout)
+                c.results.append(res)
+                shown = f"{res.value:,.1f} samples/s" if res.ok else f"{res.status}: {res.reason}"
+                bar.write(f"final round {r + 1}/{rounds}: {c.name:>12} -> {shown}")
+                bar.update(1)
+        bar.close()
+
+    def _write_preset(
+        self, config: DictConfig, path: Path, decision: Decision, study: optuna.Study
+    ) -> None:
+        winner = decision.winner
+        loader = winner.loader()
+        tuned = preset_values(loader, config.sweep.tune_batch_size)
+        fp = hardware.detect()
+        base = decision.best_baseline
+        name = path.stem
+        lines = [
+            f"python train.py loader={name}",
+            f"Measured {datetime.now().isoformat(timespec='seconds')} by a loader sweep, study"
+            f" {study.study_name}.",
+            f"Winner: {winner.name}, median {winner.median:,.1f} samples/s"
+            f" (spread {winner.spread:,.1f}).",
+        ]
+        for c in decision.contestants:
+            if c is winner or c.median is None:
+                continue
+            ratio = winner.median / c.median if c.median else float("nan")
+            lines.append(
+                f"  vs {c.name}: {c.median:,.1f} samples/s (spread {c.spread:,.1f}),"
+                f" ratio {ratio:.2f}x"
+            )
+        lines += [
+            f"Decision: {decision.reason}.",
+            f"Best baseline: {base.name}.",
+            f"Workload: dataset={config.hydra.runtime.choices.get('dataset')}"
+            f" model={config.hydra.runtime.choices.get('model')}"
+            f" batch_size={config.loader.batch_size}.",
+            f"Hardware: {fp.short()}.",
+            "Reproduce: python train.py -m " + " ".join(_base_args(config)),
+            "Plain data: the DataLoader's own arguments on top of loader/default.yaml.",
+        ]
+        text = render(tuned, lines)
+        script = Path(sys.argv[0]).resolve()
+
+        def verify() -> None:
+            composed = compose_back(script, name, [])
+            for key, value in tuned.items():
+                if composed.get(key) != value:
+                    raise ConfigError(
+                        f"the written preset loader={name} composes to {key}={composed.get(key)!r}"
+                        f" instead of {value!r}"
+                    )
+
+        write_preset_file(path, text, config.sweep.overwrite, verify)
+        log.info("wrote %s; use it with: python train.py loader=%s", path, name)
+
+
+def preset_values(loader: dict, with_batch_size: bool) -> dict:
+    """The keys a preset records: the worker settings (and batch size if it was tuned)."""
+    keys = [k for k in PRESET_KEYS if k != "batch_size" or with_batch_size]
+    return {k: loader[k] for k in keys if k in loader}

@@ -1,0 +1,139 @@
+"""One sweep trial: ``python train.py <overrides>`` in a fresh process with a hard time limit.
+
+A trial that crashes, hangs or is killed (the OOM killer sends SIGKILL) becomes a failed
+``TrialResult`` with its reason; it never stops the sweep. The trial runs in its own session,
+so its whole process group (main process and DataLoader workers) is killed at the end, and
+shared-memory segments it left in ``/dev/shm`` are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from feedrate.files import atomic_write_text
+
+OK, FAILED, SKIPPED = "ok", "failed", "skipped"
+
+
+@dataclass
+class TrialResult:
+    overrides: list[str]
+    status: str  # ok | failed | skipped
+    reason: str = ""
+    value: float | None = None
+    metrics: dict = field(default_factory=dict)
+    duration_s: float = 0.0
+    job_dir: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def save(self) -> None:
+        atomic_write_text(Path(self.job_dir) / "trial.json", json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, job_dir: str | os.PathLike) -> TrialResult:
+        return cls(**json.loads((Path(job_dir) / "trial.json").read_text()))
+
+
+class TrialFailed(Exception):
+    """A trial that produced no usable measurement; the message is the reason."""
+
+
+_SHM = Path("/dev/shm")
+
+
+def _shm_names() -> set[str]:
+    try:
+        return {p.name for p in _SHM.iterdir()}
+    except OSError:
+        return set()
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _error_line(log_text: str) -> str:
+    """The most telling line of a failed run's output."""
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "[ERROR]" in ln:
+            return ln.split("] - ", 1)[-1]
+    for ln in reversed(lines):
+        if re.match(r"^\w*(Error|Exception)\b", ln):
+            return ln
+    return lines[-1] if lines else "no output"
+
+
+def _reason(returncode: int, log_text: str) -> str:
+    if returncode < 0:
+        sig = signal.Signals(-returncode).name
+        hint = " (the OOM killer sends SIGKILL: out of memory?)" if sig == "SIGKILL" else ""
+        return f"killed by {sig}{hint}"
+    return f"exit status {returncode}: {_error_line(log_text)}"
+
+
+def run_trial(
+    script: str | os.PathLike,
+    overrides: list[str],
+    job_dir: str | os.PathLike,
+    timeout_s: float,
+    objective: str = "samples_per_sec",
+) -> TrialResult:
+    """Run ``python script overrides``, output in ``job_dir``; a failing trial never raises."""
+    job_dir = Path(job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(script), *overrides, f"hydra.run.dir={job_dir}"]
+    shm_before = _shm_names()
+    t0 = time.perf_counter()
+    with open(job_dir / "trial.log", "wb") as log_file:
+        proc = subprocess.Popen(
+            cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            returncode = proc.wait()
+            timed_out = True
+        finally:
+            _kill_group(proc.pid)  # workers orphaned by a crashed main process
+    duration = time.perf_counter() - t0
+    for name in _shm_names() - shm_before:
+        if name.startswith("torch_"):
+            (_SHM / name).unlink(missing_ok=True)
+
+    result = TrialResult(list(overrides), FAILED, duration_s=duration, job_dir=str(job_dir))
+    log_text = (job_dir / "trial.log").read_text(errors="replace")
+    metrics_file = job_dir / "metrics.json"
+    if timed_out:
+        result.reason = f"timed out after {timeout_s:g} s; process group killed"
+    elif returncode != 0:
+        result.reason = _reason(returncode, log_text)
+    elif not metrics_file.exists():
+        result.reason = "finished without writing metrics.json"
+    else:
+        result.metrics = json.loads(metrics_file.read_text())
+        value = result.metrics.get(objective)
+        samples = result.metrics.get("measured_samples") or 0
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or samples <= 0:
+            result.reason = f"no usable measurement: {objective}={value!r}, {samples} samples"
+        else:
+            result.status, result.value = OK, float(value)
+    result.save()
+    return result

@@ -1,0 +1,113 @@
+"""``hydra/launcher=feedrate_trial``: each job in its own fresh process, one at a time.
+
+Hydra's basic launcher runs jobs inside the sweep's process: one hang stalls the sweep, one
+crash ends it, and each job inherits the warm state (imports, page cache, leaked workers) of the
+jobs before it. This launcher runs every job as ``python train.py <overrides>`` with a hard time
+limit, kills its whole process group afterwards, skips jobs that are predicted not to fit in
+memory, and reports each as completed (the objective from its metrics.json) or failed (with
+the reason), so a sweeper such as Optuna records it and goes on.
+"""
+
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FeedrateTrialLauncherConf:
+    _target_: str = "hydra_plugins.feedrate_launcher.trial_launcher.FeedrateTrialLauncher"
+    # Hard limit per trial, start-up included; a trial past it is killed and recorded as failed.
+    timeout_s: float = 120.0
+    # Share of available RAM and free /dev/shm a trial may be predicted to use.
+    memory_budget_frac: float = 0.8
+
+
+ConfigStore.instance().store(
+    group="hydra/launcher", name="feedrate_trial", node=FeedrateTrialLauncherConf
+)
+
+
+class FeedrateTrialLauncher(Launcher):
+    def __init__(self, timeout_s: float = 120.0, memory_budget_frac: float = 0.8) -> None:
+        self.timeout_s = timeout_s
+        self.memory_budget_frac = memory_budget_frac
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.guard = None
+        self.best: float | None = None
+
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        from feedrate.feasibility import FeasibilityGuard
+
+        self.config = config
+        self.hydra_context = hydra_context
+        self.guard = FeasibilityGuard(self.memory_budget_frac)
+
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
+        from feedrate.trial import OK, SKIPPED, TrialFailed, TrialResult, run_trial
+
+        assert self.config is not None and self.hydra_context is not None
+        script = Path(sys.argv[0]).resolve()
+        objective = self.config.get("objective", "samples_per_sec")
+        returns = []
+        for offset, overrides in enumerate(job_overrides):
+            idx = initial_job_idx + offset
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(
+                self.config, list(overrides)
+            )
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.id = idx
+                sweep_config.hydra.job.num = idx
+            job_dir = Path(sweep_config.hydra.sweep.dir) / str(sweep_config.hydra.sweep.subdir)
+            fixed = set(self.config.hydra.overrides.task)
+            shown = " ".join(o for o in filter_overrides(overrides) if o not in fixed)
+            skip = self.guard.check(sweep_config)
+            if skip:
+                result = TrialResult(list(overrides), SKIPPED, reason=skip, job_dir=str(job_dir))
+                job_dir.mkdir(parents=True, exist_ok=True)
+                result.save()
+            else:
+                result = run_trial(script, list(overrides), job_dir, self.timeout_s, objective)
+                self.guard.learn(sweep_config, result)
+            ret = JobReturn(
+                overrides=list(overrides),
+                cfg=sweep_config,
+                hydra_cfg=OmegaConf.create({"hydra": sweep_config.hydra}),
+                working_dir=str(job_dir),
+                task_name=sweep_config.hydra.job.name,
+            )
+            if result.status == OK:
+                ret.status = JobStatus.COMPLETED
+                ret.return_value = result.value
+                if self.best is None or result.value > self.best:
+                    self.best = result.value
+                wait = result.metrics.get("data_wait_frac")
+                log.info(
+                    "trial #%d %s -> %s %.1f, data wait %s (best so far %.1f)",
+                    idx,
+                    shown,
+                    objective,
+                    result.value,
+                    f"{wait:.0%}" if isinstance(wait, float) else "?",
+                    self.best,
+                )
+            else:
+                ret.status = JobStatus.FAILED
+                ret._return_value = TrialFailed(f"{result.status}: {result.reason}")
+                log.warning("trial #%d %s -> %s: %s", idx, shown, result.status, result.reason)
+            returns.append(ret)
+        return returns
