@@ -152,6 +152,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         result.train_accuracy,
     )
     metrics["steps"] = result.steps
+    metrics["warmup_steps"] = result.warmup_steps
     metrics["epochs_started"] = result.epochs_started
     metrics["run"] = {
         "fingerprint": fingerprint.as_dict(),

@@ -23,9 +23,8 @@ import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import optuna
 import torch
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -36,11 +35,14 @@ from feedrate.preset import PRESET_KEYS, check_writable, compose_back, preset_pa
 from feedrate.preset import write_preset as write_preset_file
 from feedrate.trial import TrialResult, run_trial
 
+if TYPE_CHECKING:  # optuna takes a second to import; trial processes load this module too
+    import optuna
+
 log = logging.getLogger("feedrate.sweep")
 
 # enqueue_trial and friends are "experimental" in optuna 2.x, and IntLogUniformDistribution
 # warns about its `step`; neither is actionable for a user of the sweep.
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+warnings.filterwarnings("ignore", message=r".* is experimental \(supported from")
 warnings.filterwarnings("ignore", message="Samplers and other components in Optuna")
 
 BASELINES = ("default", "recipe")
@@ -208,6 +210,8 @@ class LoaderSweep(Callback):
             check_writable(path, config.sweep.overwrite)
         except FeedrateError as exc:
             _fail(exc)
+        import optuna
+
         sweeper = config.hydra.sweeper
         study = optuna.create_study(
             study_name=sweeper.study_name,
@@ -242,6 +246,8 @@ class LoaderSweep(Callback):
             _fail(exc)
 
     def _finish(self, config: DictConfig) -> None:
+        import optuna
+
         from feedrate import report
 
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -272,7 +278,9 @@ class LoaderSweep(Callback):
             Contestant(b, [*without_loader, f"loader={b}"], True)
             for b in dict.fromkeys([*BASELINES, selected])
         ]
-        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        from optuna.trial import TrialState
+
+        done = [t for t in study.trials if t.state == TrialState.COMPLETE]
         seen: set[tuple] = set()
         for t in sorted(done, key=lambda t: t.value, reverse=True):
             key = tuple(sorted(t.params.items()))
@@ -284,7 +292,7 @@ class LoaderSweep(Callback):
             if len(seen) >= config.sweep.finalists:
                 break
         if not done:
-            failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+            failed = [t for t in study.trials if t.state == TrialState.FAIL]
             log.warning("no search trial completed (%d failed); baselines only", len(failed))
         return contestants
 

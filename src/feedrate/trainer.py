@@ -57,6 +57,7 @@ def _sync(device: torch.device) -> None:
 
 @dataclass
 class TrainResult:
+    warmup_steps: int
     times: StepTimes
     first_batch_s: float
     epoch_restart_s: list[float]
@@ -98,8 +99,18 @@ def train(
     The device runs asynchronously, so it is synchronised only at window ends: per-step times
     are host-side, and their sum over the measured phase equals its wall time. The time spent in
     ``next(iterator)`` is the time the training loop (and so the device) waited for data.
+
+    Warm-up lasts at least ``warmup_steps``, and then until the backlog the workers built while
+    starting is drained: all workers start at once and fill ``num_workers * prefetch_factor``
+    batches, which a short window would consume at compute speed and report as throughput the
+    loader cannot sustain. It ends once a step waits for data (the backlog is gone) or once
+    that many steps more have run (a loader that never falls behind keeps it full, so the
+    measurement is fair), leaving at least one window to measure.
     """
     total = planned_steps(cfg, loader)
+    backlog = loader.num_workers * (loader.prefetch_factor or 2) if loader.num_workers else 0
+    warmup_cap = max(cfg.warmup_steps, min(cfg.warmup_steps + backlog, total - cfg.window_steps))
+    warmup_end: int | None = None
     scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
     times = StepTimes()
     loss_sum = torch.zeros((), device=hw.device)
@@ -149,7 +160,11 @@ def train(
             window_seen += len(y)
             step += 1
 
-            measured_step = step - cfg.warmup_steps
+            if warmup_end is None and step >= cfg.warmup_steps:
+                waited = t1 - t0 > 0.1 * (time.perf_counter() - t0)
+                if step >= warmup_cap or (waited and step > cfg.warmup_steps):
+                    warmup_end = step
+            measured_step = step - warmup_end if warmup_end is not None else -1
             window_end = measured_step > 0 and (
                 measured_step % cfg.window_steps == 0 or step == total
             )
@@ -203,6 +218,7 @@ def train(
     bar.close()
     monitor.end_cpu_window()
     return TrainResult(
+        warmup_steps=warmup_end if warmup_end is not None else step,
         times=times,
         first_batch_s=first_batch_s,
         epoch_restart_s=restarts,

@@ -1,0 +1,330 @@
+"""The loader sweep: decisions, presets, trials in their own processes, and the real command."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from omegaconf import OmegaConf
+
+from feedrate.errors import ConfigError
+from feedrate.feasibility import FeasibilityGuard, Footprint, predict
+from feedrate.preset import MARKER, check_writable, preset_path, render
+from feedrate.sweep import Contestant, decide, max_workers
+from feedrate.trial import TrialResult, run_trial
+
+from .conftest import ROOT
+
+# ---------------------------------------------------------------------------------------------
+# The decision
+
+
+def _contestant(name, values, baseline, workers=4):
+    c = Contestant(name, [], baseline)
+    c.results = [TrialResult([], "ok", value=v, metrics={"peak_pss_mb": 100.0}) for v in values]
+    c.loader = lambda: {"num_workers": workers}
+    return c
+
+
+def test_candidate_that_beats_the_noise_wins():
+    base = _contestant("recipe", [350, 360], True, workers=4)
+    cand = _contestant("trial 3", [2100, 2200], False, workers=32)
+    d = decide([base, cand])
+    assert d.winner is cand and "more than the measured spread" in d.reason
+
+
+def test_within_noise_the_cheaper_configuration_wins():
+    base = _contestant("recipe", [350, 450], True, workers=4)
+    cand = _contestant("trial 3", [420, 430], False, workers=32)
+    d = decide([base, cand])
+    assert d.winner is base and "cheaper" in d.reason
+
+
+def test_a_faster_baseline_is_never_replaced():
+    base = _contestant("recipe", [400, 410], True)
+    cand = _contestant("trial 1", [300, 310], False, workers=2)
+    assert decide([base, cand]).winner is base
+
+
+def test_failed_repeats_do_not_count():
+    base = _contestant("default", [80, 82], True, workers=0)
+    cand = _contestant("trial 2", [900], False)
+    cand.results.append(TrialResult([], "failed", reason="killed by SIGKILL"))
+    d = decide([base, cand])
+    assert d.winner is cand and cand.values == [900]
+
+
+# ---------------------------------------------------------------------------------------------
+# Presets
+
+
+def test_preset_is_plain_data_with_a_header():
+    text = render({"num_workers": 24, "prefetch_factor": 4}, ["python train.py loader=x", "ok"])
+    assert text.splitlines()[0] == MARKER
+    data = OmegaConf.create(text)
+    assert data.defaults == ["default", "_self_"] and data.num_workers == 24
+    assert "_target_" not in text
+    with pytest.raises(ValueError, match="_target_"):
+        render({"_target_": "os.system"}, [])
+
+
+def test_hand_written_preset_is_protected(tmp_path):
+    path = tmp_path / "loader" / "mine.yaml"
+    path.parent.mkdir()
+    path.write_text("num_workers: 3\n")
+    with pytest.raises(ConfigError, match="was not written by a feedrate sweep"):
+        check_writable(path, overwrite=False)
+    check_writable(path, overwrite=True)
+    path.write_text(render({"num_workers": 5}, ["x"]))
+    check_writable(path, overwrite=False)  # feedrate's own preset may be refreshed
+
+
+@pytest.mark.parametrize("name", ["../evil", "a/b", "", "x.yaml"])
+def test_preset_names_cannot_leave_the_loader_directory(tmp_path, name):
+    with pytest.raises(ConfigError, match="not a valid preset name"):
+        preset_path(tmp_path, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Search bounds and the memory guard
+
+
+def test_worker_bound_is_far_past_the_core_count(monkeypatch):
+    monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 2.0)
+    cfg = OmegaConf.create({"sweep": {"max_workers": None}})
+    assert max_workers(cfg) >= 32
+    monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 16.0)
+    assert max_workers(cfg) >= 8 * 16
+
+
+def test_guard_skips_what_would_not_fit():
+    guard = FeasibilityGuard()
+    guard.ram_budget_mb, guard.shm_budget_mb = 4000.0, 64.0
+    cfg = OmegaConf.create({"loader": {"num_workers": 4, "prefetch_factor": 2, "batch_size": 64}})
+    assert guard.check(cfg) is None, "nothing measured yet: run it"
+    result = TrialResult(
+        [],
+        "ok",
+        metrics={"peak_pss_mb": 1000.0, "peak_main_pss_mb": 600.0, "run": {"sample_bytes": 150528}},
+    )
+    guard.learn(cfg, result)
+    assert guard.footprint == Footprint(600.0, 100.0, 150528)
+    assert predict(cfg.loader, guard.footprint) == (1000.0, pytest.approx(73.5))
+    reason = guard.check(cfg)
+    assert "predicted shared memory 74 MB" in reason and "--shm-size" in reason
+    big = OmegaConf.create(
+        {"loader": {"num_workers": 48, "prefetch_factor": None, "batch_size": 1}}
+    )
+    assert "predicted memory 5,400 MB" in guard.check(big)
+
+
+# ---------------------------------------------------------------------------------------------
+# A trial in its own process
+
+
+def test_a_hanging_trial_is_killed_with_its_workers(tmp_path):
+    script = tmp_path / "hang.py"
+    pidfile = tmp_path / "child.pid"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import subprocess, sys, time
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            open({str(pidfile)!r}, "w").write(str(child.pid))
+            time.sleep(600)
+            """
+        )
+    )
+    t0 = time.monotonic()
+    result = run_trial(script, [], tmp_path / "job", timeout_s=3)
+    assert time.monotonic() - t0 < 30
+    assert result.status == "failed" and "timed out after 3 s" in result.reason
+    child = int(pidfile.read_text())
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+    assert TrialResult.load(tmp_path / "job").reason == result.reason
+
+
+def test_a_killed_trial_names_the_signal(tmp_path):
+    script = tmp_path / "oom.py"
+    script.write_text("import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n")
+    result = run_trial(script, [], tmp_path / "job", timeout_s=30)
+    assert result.status == "failed"
+    assert "killed by SIGKILL" in result.reason and "out of memory" in result.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# The real command
+
+FAULTY = '''
+import torch
+from torch.utils.data import get_worker_info
+from feedrate.dataset import SyntheticDataset
+
+
+class FailsInLateWorkers(SyntheticDataset):
+    """Raises in worker 2 and up, like a corrupt file only some workers reach."""
+
+    def __getitem__(self, index):
+        info = get_worker_info()
+        if info is not None and info.id >= 2:
+            raise ValueError(f"corrupt sample {index}")
+        return super().__getitem__(index)
+'''
+
+TINY_SWEEP = [
+    "model=pooled_linear",
+    "loader.batch_size=16",
+    "trainer.max_seconds=0.6",
+    "trainer.warmup_steps=1",
+    "trainer.window_steps=2",
+    "sweep.max_workers=4",
+    "sweep.finalists=1",
+    "sweep.final_rounds=1",
+    "hydra.launcher.timeout_s=90",
+]
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    """A copy of train.py and conf/, so the sweep writes its preset there, not in the repo."""
+    shutil.copy(ROOT / "train.py", tmp_path / "train.py")
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    (tmp_path / "faulty_data.py").write_text(FAULTY)
+    return tmp_path
+
+
+def _sweep(project: Path, *args: str, name: str = "tiny", n_trials: int = 3):
+    return subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "sweep=loader",
+            *TINY_SWEEP,
+            f"sweep.preset_name={name}",
+            f"hydra.sweeper.n_trials={n_trials}",
+            f"hydra.sweep.dir={project}/multirun/{len(list(project.glob('multirun/*')))}",
+            *args,
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def _rows(sweep_dir: Path) -> list[dict]:
+    with open(sweep_dir / "trials.csv") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _our_processes(project: Path) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(project) in part for part in p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_tiny_sweep_writes_a_preset_that_composes_back(project):
+    proc = _sweep(
+        project,
+        "dataset=synthetic",
+        "dataset.n_samples=2000",
+        "dataset.image_size=32",
+        "dataset.io_latency_ms=4",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sweep_dir = project / "multirun" / "0"
+    preset = project / "conf" / "loader" / "tiny.yaml"
+    text = preset.read_text()
+    assert text.startswith(MARKER)
+    assert "samples/s" in text and "vs default" in text and "Reproduce: python train.py" in text
+    assert "_target_" not in text
+    loaded = subprocess.run(
+        [sys.executable, "train.py", "loader=tiny", "--cfg", "job"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    assert OmegaConf.create(loaded.stdout).loader.num_workers >= 0
+    for name in (
+        "best_config.yaml",
+        "sweep_report.md",
+        "samples_vs_workers.png",
+        "trials_over_time.png",
+        "final_comparison.png",
+    ):
+        assert (sweep_dir / name).stat().st_size > 0, name
+    rows = _rows(sweep_dir)
+    assert [r["phase"] for r in rows].count("search") == 3
+    assert {r["name"] for r in rows if r["phase"] == "final 1"} >= {"default", "recipe"}
+    assert all(float(r["samples_per_sec"]) > 0 for r in rows if r["status"] == "ok")
+    assert "trial #" in proc.stdout and "best so far" in proc.stdout  # a line per trial
+    assert list((project / "outputs" / "sweeps").glob("loader-tiny-*.db"))
+    assert _our_processes(project) == [], "a trial process outlived the sweep"
+
+
+@pytest.mark.slow
+def test_failing_trials_are_recorded_and_the_sweep_finishes(project):
+    proc = _sweep(
+        project,
+        "dataset=custom",
+        "dataset._target_=faulty_data.FailsInLateWorkers",
+        "+dataset.n_samples=2000",
+        "+dataset.image_size=32",
+        "+dataset.io_latency_ms=4",
+        name="faulty",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = _rows(project / "multirun" / "0")
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert failed, "the 4-worker seed trial and recipe should fail"
+    assert all("corrupt sample" in r["reason"] or "exit status" in r["reason"] for r in failed)
+    preset = OmegaConf.load(project / "conf" / "loader" / "faulty.yaml")
+    assert preset.num_workers <= 2, "a configuration that failed became the preset"
+    assert _our_processes(project) == []
+
+
+@pytest.mark.slow
+def test_resumed_study_keeps_its_earlier_trials(project):
+    args = [
+        "dataset=synthetic",
+        "dataset.n_samples=500",
+        "dataset.image_size=16",
+        "sweep.write_preset=false",
+    ]
+    first = _sweep(project, *args, name="again", n_trials=2)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = _sweep(project, *args, name="again", n_trials=2)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "2 earlier trials" in second.stdout
+    (db,) = (project / "outputs" / "sweeps").glob("loader-again-*.db")
+    with sqlite3.connect(db) as con:
+        assert con.execute("select count(*) from trials").fetchone()[0] == 4
+    rows = _rows(project / "multirun" / "1")
+    assert [r["phase"] for r in rows].count("earlier session") == 2
+    assert [r["phase"] for r in rows].count("search") == 2
+
+
+def test_hand_written_preset_stops_the_sweep_before_any_trial(project):
+    before = (project / "conf" / "loader" / "recipe.yaml").read_text()
+    proc = _sweep(project, "dataset=synthetic", name="recipe")
+    assert proc.returncode == 2
+    assert "was not written by a feedrate sweep" in proc.stdout + proc.stderr
+    assert (project / "conf" / "loader" / "recipe.yaml").read_text() == before
+    assert not list((project / "multirun" / "0").glob("[0-9]*")), "a trial ran"
