@@ -1,11 +1,11 @@
-# make train | test | test-fast | lint | format
+# make train | test | test-fast | sweep | bench | lint | format
 # Each target sets up .venv from nothing on first use (pip, Python 3.10+).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test test-fast lint format clean
+.PHONY: setup train test test-fast sweep bench lint format clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,12 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
+
+sweep: $(STAMP)
+	$(PY) train.py -m sweep=loader
+
+bench: $(STAMP)
+	$(PY) benchmarks/loader_bench.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples train.py

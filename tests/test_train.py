@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -149,3 +150,56 @@ def test_multirun_over_presets(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     workers = [_metrics(sweep / str(i))["run"]["loader"]["num_workers"] for i in range(3)]
     assert workers == [0, 4, 8]
+
+
+class _BackloggedLoader:
+    """Like a DataLoader whose 2 workers x prefetch 8 filled 16 batches during start-up:
+    those come instantly, then each batch takes 50 ms (4 samples: 80 samples/s sustained)."""
+
+    num_workers, prefetch_factor = 2, 8
+
+    def __len__(self):
+        return 10**6
+
+    def __iter__(self):
+        for i in range(10**6):
+            if i >= 16:
+                time.sleep(0.05)
+            yield torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4, dtype=torch.long)
+
+
+def test_prefetched_backlog_is_not_reported_as_throughput(compose):
+    from feedrate.hardware import Hardware
+    from feedrate.metrics import ResourceMonitor
+    from feedrate.model import TinyCNN
+    from feedrate.trainer import build_optimizer, make_input_transform, train
+
+    cfg = compose("trainer.max_steps=40", "trainer.warmup_steps=2", "trainer.window_steps=4")
+    hw = Hardware("cpu", torch.device("cpu"), None, False, False, False, False, 1)
+    model = TinyCNN(2, width=4)
+    with ResourceMonitor() as monitor:
+        result = train(
+            model,
+            _BackloggedLoader(),
+            build_optimizer(cfg.trainer, model),
+            hw,
+            cfg.trainer,
+            monitor,
+            time.perf_counter(),
+            make_input_transform(hw, 3),
+        )
+    rate = result.times.samples / result.times.elapsed_s
+    assert result.warmup_steps >= 16, "measured while the backlog was still being consumed"
+    assert rate < 90, f"{rate:.0f} samples/s reported; the loader sustains 80"
+
+
+@pytest.mark.parametrize("measure", ["loader", "compute"])
+def test_ceiling_modes_measure_one_side_only(compose, tmp_path, measure):
+    m = feedrate.run(
+        compose(f"trainer.measure={measure}", "loader.num_workers=2"), output_dir=tmp_path
+    )
+    assert m["samples_per_sec"] > 0
+    if measure == "loader":
+        assert m["final_loss"] is None  # no model ran
+    else:
+        assert m["data_wait_frac"] < 0.05  # the batch stays on the device: nothing to wait for

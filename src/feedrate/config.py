@@ -37,6 +37,12 @@ class AmpDtype(Enum):
     fp16 = "fp16"
 
 
+class Measure(Enum):
+    train = "train"  # the real training step: what the run is for
+    loader = "loader"  # batches delivered to the device, no model: the loader's ceiling
+    compute = "compute"  # the model on one device-resident batch, no loader: the model's ceiling
+
+
 class Optimizer(Enum):
     sgd = "sgd"
     adamw = "adamw"
@@ -156,6 +162,8 @@ class TrainerConfig:
     warmup_steps: int = 20
     window_steps: int = 20
     max_seconds: float | None = None
+    # Give up on warm-up after this long (the run still completes, flagged warmup_truncated).
+    max_warmup_seconds: float | None = None
     optimizer: Optimizer = Optimizer.sgd
     lr: float = 0.05
     momentum: float = 0.9
@@ -164,6 +172,7 @@ class TrainerConfig:
     checkpoint_dir: str = "checkpoints"
     save_checkpoint: bool = True
     progress: bool = True
+    measure: Measure = Measure.train
 
 
 @dataclass
@@ -180,6 +189,7 @@ class SweepConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
     finalists: int = 2  # best candidates re-measured against the baselines
     final_rounds: int = 2  # alternating re-measurements of each finalist and baseline
+    final_seconds: float = 6.0  # measured window of each final run (longer than the search's)
     write_preset: bool = True
 
 

@@ -153,6 +153,15 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     )
     metrics["steps"] = result.steps
     metrics["warmup_steps"] = result.warmup_steps
+    metrics["warmup_truncated"] = result.warmup_truncated
+    if result.warmup_truncated:
+        log.warning(
+            "warm-up stopped after trainer.max_warmup_seconds=%s with the prefetched backlog"
+            " (%s batches) not yet drained: samples_per_sec may overstate what this loader"
+            " sustains <cfg.trainer.max_warmup_seconds>",
+            cfg.trainer.max_warmup_seconds,
+            cfg.loader.num_workers * (cfg.loader.prefetch_factor or 2),
+        )
     metrics["epochs_started"] = result.epochs_started
     metrics["run"] = {
         "fingerprint": fingerprint.as_dict(),
@@ -166,7 +175,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         "date": datetime.now().isoformat(timespec="seconds"),
         "overrides": _overrides(),
     }
-    atomic_write_text(out / "metrics.json", json.dumps(_finite(metrics), indent=2) + "\n")
+    metrics = _finite(metrics)
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     if cfg.trainer.save_checkpoint:
         path = out / cfg.trainer.checkpoint_dir / "last.pt"
         save_checkpoint(

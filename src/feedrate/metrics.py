@@ -215,7 +215,12 @@ def format_summary(m: dict) -> str:
             f"CPU busy         {cpu}",
             f"memory (PSS)     {m['peak_pss_mb']:,.0f} MB peak over {m['peak_processes']} processes"
             f" (main {m['peak_main_pss_mb']:,.0f} MB); /dev/shm peak {m['peak_shm_mb']:,.1f} MB",
-            f"loss / accuracy  {m['final_loss']:.3f} / {m['train_accuracy']:.1%}",
+            "loss / accuracy  "
+            + (
+                f"{m['final_loss']:.3f} / {m['train_accuracy']:.1%}"
+                if m.get("final_loss") is not None
+                else "n/a (trainer.measure=loader: no model step)"
+            ),
             f"verdict          {m['bound'].upper()}: {m['evidence']}",
         ]
     )

@@ -7,6 +7,7 @@ import io
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -154,12 +155,21 @@ def plot_all(sweep_dir: Path, table: list[dict], contestants, decision) -> None:
     for r in ok:
         if r.get("num_workers") in (None, ""):
             continue
-        label = f"persistent={r.get('persistent_workers')}, {r.get('multiprocessing_context')}"
+        if int(r["num_workers"]) == 0:
+            label = "no workers (main process)"
+        else:
+            label = f"persistent={r.get('persistent_workers')}, {r.get('multiprocessing_context')}"
         series.setdefault(label, []).append((int(r["num_workers"]), r["samples_per_sec"]))
     for label, pts in sorted(series.items()):
         xs, ys = zip(*sorted(pts), strict=True)
         ax.plot(xs, ys, "o", label=label, alpha=0.8)
     ax.set_xscale("symlog", linthresh=1)
+    ticks = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256]
+    top = max(
+        (int(r["num_workers"]) for r in ok if r.get("num_workers") not in (None, "")), default=1
+    )
+    ax.set_xticks([t for t in ticks if t <= max(top, 1) * 2])
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("num_workers")
     ax.set_ylabel("samples/s")
     ax.set_title("Throughput against workers (every measured trial)")

@@ -86,7 +86,7 @@ def loader_search_space(cfg: DictConfig, trial: optuna.trial.Trial) -> None:
     baseline. ``pin_memory`` is searched only when there is a CUDA device to pin for.
     """
     trial.suggest_int("loader.num_workers", 1, max_workers(cfg), log=True)
-    trial.suggest_int("loader.prefetch_factor", 1, 16, log=True)
+    trial.suggest_int("loader.prefetch_factor", 1, 8, log=True)
     trial.suggest_categorical("loader.persistent_workers", [True, False])
     trial.suggest_categorical("loader.multiprocessing_context", start_methods(cfg))
     if torch.cuda.is_available():
@@ -212,6 +212,7 @@ class LoaderSweep(Callback):
             _fail(exc)
         import optuna
 
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # feedrate logs what matters
         sweeper = config.hydra.sweeper
         study = optuna.create_study(
             study_name=sweeper.study_name,
@@ -302,13 +303,15 @@ class LoaderSweep(Callback):
         script = Path(sys.argv[0]).resolve()
         rounds = config.sweep.final_rounds
         timeout = config.hydra.launcher.timeout_s
+        # The decision rests on these runs: longer windows than the search's, less noise.
+        longer = [f"trainer.max_seconds={config.sweep.final_seconds}"]
         bar = tqdm(total=rounds * len(contestants), desc="final re-measurement", unit="run")
         for r in range(rounds):
             # Alternate, and reverse every other round, so drift hits everyone alike.
             order = contestants if r % 2 == 0 else contestants[::-1]
             for c in order:
                 slug = c.name.replace(" ", "_")
-                res = run_trial(script, c.overrides, out / f"round{r}_{slug}", timeout)
+                res = run_trial(script, [*c.overrides, *longer], out / f"round{r}_{slug}", timeout)
                 c.results.append(res)
                 shown = f"{res.value:,.1f} samples/s" if res.ok else f"{res.status}: {res.reason}"
                 bar.write(f"final round {r + 1}/{rounds}: {c.name:>12} -> {shown}")

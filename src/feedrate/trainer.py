@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from feedrate.config import Optimizer
+from feedrate.config import Measure, Optimizer
 from feedrate.errors import ConfigError
 from feedrate.hardware import Hardware
 from feedrate.metrics import ResourceMonitor, StepTimes
@@ -58,6 +58,7 @@ def _sync(device: torch.device) -> None:
 @dataclass
 class TrainResult:
     warmup_steps: int
+    warmup_truncated: bool
     times: StepTimes
     first_batch_s: float
     epoch_restart_s: list[float]
@@ -102,15 +103,21 @@ def train(
 
     Warm-up lasts at least ``warmup_steps``, and then until the backlog the workers built while
     starting is drained: all workers start at once and fill ``num_workers * prefetch_factor``
-    batches, which a short window would consume at compute speed and report as throughput the
-    loader cannot sustain. It ends once a step waits for data (the backlog is gone) or once
-    that many steps more have run (a loader that never falls behind keeps it full, so the
-    measurement is fair), leaving at least one window to measure.
+    batches, which a short window would consume at compute speed (with the workers idle, the
+    CPU all the model's) and report as throughput the loader cannot sustain. It ends once
+    several steps in a row wait for data (the backlog is gone), or once that many steps more
+    have run (a loader that never falls behind keeps it full, so the measurement is fair),
+    leaving at least one window to measure.
     """
     total = planned_steps(cfg, loader)
+    measure = Measure(getattr(cfg.measure, "value", cfg.measure))
+    resident: tuple[torch.Tensor, torch.Tensor] | None = None
     backlog = loader.num_workers * (loader.prefetch_factor or 2) if loader.num_workers else 0
     warmup_cap = max(cfg.warmup_steps, min(cfg.warmup_steps + backlog, total - cfg.window_steps))
     warmup_end: int | None = None
+    warmup_truncated = False
+    waits_in_a_row = 0
+    started = time.perf_counter()
     scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
     times = StepTimes()
     loss_sum = torch.zeros((), device=hw.device)
@@ -132,10 +139,13 @@ def train(
         first = True
         while True:
             t0 = time.perf_counter()
-            try:
-                x, y = next(batches)
-            except StopIteration:
-                break
+            if resident is not None:  # measure=compute: the same batch, already on the device
+                x, y = resident
+            else:
+                try:
+                    x, y = next(batches)
+                except StopIteration:
+                    break
             t1 = time.perf_counter()
             if first:
                 if epoch == 0:
@@ -144,26 +154,34 @@ def train(
                     restarts.append(t1 - t_iter)
                 first = False
 
-            x = to_device(x)
-            y = y.to(hw.device, non_blocking=hw.non_blocking)
-            with torch.autocast(
-                hw.device.type, dtype=hw.amp_dtype, enabled=hw.amp_dtype is not None
-            ):
-                out = model(x)
-                loss = nn.functional.cross_entropy(out, y)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            loss_sum += loss.detach().float() * len(y)
-            correct += (out.detach().argmax(1) == y).sum()
+            if resident is None:
+                x = to_device(x)
+                y = y.to(hw.device, non_blocking=hw.non_blocking)
+                if measure is Measure.compute:
+                    resident = (x, y)
+            if measure is not Measure.loader:
+                with torch.autocast(
+                    hw.device.type, dtype=hw.amp_dtype, enabled=hw.amp_dtype is not None
+                ):
+                    out = model(x)
+                    loss = nn.functional.cross_entropy(out, y)
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                loss_sum += loss.detach().float() * len(y)
+                correct += (out.detach().argmax(1) == y).sum()
             window_seen += len(y)
             step += 1
 
             if warmup_end is None and step >= cfg.warmup_steps:
-                waited = t1 - t0 > 0.1 * (time.perf_counter() - t0)
-                if step >= warmup_cap or (waited and step > cfg.warmup_steps):
+                # One slow next() can be the scheduler; several in a row is an empty queue.
+                waited = t1 - t0 > 0.2 * (time.perf_counter() - t0)
+                waits_in_a_row = waits_in_a_row + 1 if waited else 0
+                if step >= warmup_cap or (waits_in_a_row >= 3 and step > cfg.warmup_steps):
                     warmup_end = step
+                elif cfg.max_warmup_seconds and t1 - started >= cfg.max_warmup_seconds:
+                    warmup_end, warmup_truncated = step, True
             measured_step = step - warmup_end if warmup_end is not None else -1
             window_end = measured_step > 0 and (
                 measured_step % cfg.window_steps == 0 or step == total
@@ -192,8 +210,9 @@ def train(
                 if window_end:
                     span = t2 - window_start
                     times.window_rates.append(window_samples / span)
-                    final_loss = loss_sum.item() / max(window_seen, 1)
-                    train_acc = correct.item() / max(window_seen, 1)
+                    if measure is not Measure.loader:  # no model ran: no loss to report
+                        final_loss = loss_sum.item() / max(window_seen, 1)
+                        train_acc = correct.item() / max(window_seen, 1)
                     bar.set_postfix(
                         {
                             "samples/s": f"{window_samples / span:,.0f}",
@@ -219,6 +238,7 @@ def train(
     monitor.end_cpu_window()
     return TrainResult(
         warmup_steps=warmup_end if warmup_end is not None else step,
+        warmup_truncated=warmup_truncated,
         times=times,
         first_batch_s=first_batch_s,
         epoch_restart_s=restarts,

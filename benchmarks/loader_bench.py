@@ -1,0 +1,290 @@
+"""Side-by-side loader benchmark: feedrate's tuned preset against the usual recipes.
+
+    python benchmarks/loader_bench.py                 # both workloads (make bench)
+    python benchmarks/loader_bench.py --workloads synthetic --repeats 3
+
+For each workload, in one run on one machine:
+1. runs the default loader sweep from scratch (`python train.py -m sweep=loader`, a fresh study)
+   and times it;
+2. measures, alternately and `--repeats` times each: PyTorch's `default`, the `recipe` preset,
+   the configuration a CPU-capped tuner picks (`num_workers` = cores, persistent workers), the
+   tuned preset, an exhaustive grid over `num_workers`, and the ceiling: the lower of the
+   loader-only throughput (`trainer.measure=loader`, best of the tuned and best grid
+   configurations) and the compute-only throughput on a device-resident batch
+   (`trainer.measure=compute`);
+3. prints medians, spreads and ratios, checks the targets, and writes `<out>/bench.json` and
+   `<out>/bench.png`.
+
+Every measurement is a fresh `python train.py` process (the sweep's own trial runner), so the
+numbers are what a user gets from the command line. The model is `pooled_linear` (almost no
+compute), so samples/s is what the input pipeline feeds into a real training step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from feedrate.hardware import detect, usable_cores
+from feedrate.trial import run_trial
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WORKLOADS = {
+    # The classic dummy dataset: 3x224x224 float32 images, 10 ms of I/O latency per sample.
+    "synthetic": [
+        "dataset=synthetic",
+        "dataset.io_latency_ms=10",
+        "dataset.dtype=float32",
+        "model=pooled_linear",
+    ],
+    # Real JPEGs read, decoded and augmented from disk.
+    "photos": ["dataset=photos", "model=pooled_linear"],
+}
+GRID = (0, 1, 2, 4, 8, 16, 24, 32, 48)
+MEASURE = [
+    "trainer.max_steps=100000",
+    "trainer.warmup_steps=3",
+    "trainer.window_steps=5",
+    "trainer.save_checkpoint=false",
+    "trainer.progress=false",
+]
+
+
+def contestants(workload: str, cores: int) -> dict[str, list[str]]:
+    preset = f"bench_{workload}"
+    out = {
+        "default": ["loader=default"],
+        "recipe": ["loader=recipe"],
+        "cpu_capped": [
+            "loader=default",
+            f"loader.num_workers={cores}",
+            "loader.persistent_workers=true",
+        ],
+        "tuned": [f"loader={preset}"],
+    }
+    for n in GRID:
+        out[f"grid_{n}"] = ["loader=default", f"loader.num_workers={n}"]
+    return out
+
+
+def run_sweep(workload: str, out: Path, args: argparse.Namespace) -> float:
+    """The default loader sweep from scratch; returns its wall time in seconds."""
+    cmd = [
+        sys.executable,
+        "train.py",
+        "-m",
+        "sweep=loader",
+        *WORKLOADS[workload],
+        f"sweep.preset_name=bench_{workload}",
+        f"sweep.study_dir={out / 'studies'}",
+        f"hydra.sweep.dir={out / f'sweep_{workload}'}",
+    ]
+    print(f"[{workload}] sweep: {' '.join(cmd[1:])}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
+    seconds = time.perf_counter() - t0
+    (out / f"sweep_{workload}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"[{workload}] the sweep failed; see {out / f'sweep_{workload}.log'}")
+    print(f"[{workload}] sweep finished in {seconds:.0f} s", flush=True)
+    return seconds
+
+
+def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) -> dict:
+    base = [*WORKLOADS[workload], *MEASURE, f"trainer.max_seconds={args.seconds}"]
+    runs = dict(contestants(workload, cores))
+    values: dict[str, list[float]] = {name: [] for name in runs}
+    failures: dict[str, list[str]] = {name: [] for name in runs}
+    script = ROOT / "train.py"
+    for r in range(args.repeats):
+        names = list(runs) if r % 2 == 0 else list(runs)[::-1]
+        for name in names:
+            res = run_trial(script, [*base, *runs[name]], out / workload / f"r{r}_{name}", 300)
+            (values[name] if res.ok else failures[name]).append(res.value if res.ok else res.reason)
+            shown = f"{res.value:,.1f}" if res.ok else f"FAILED {res.reason}"
+            print(f"[{workload}] round {r + 1}/{args.repeats} {name:>12}: {shown}", flush=True)
+
+    med = {k: statistics.median(v) for k, v in values.items() if v}
+    best_grid = max((k for k in med if k.startswith("grid_")), key=med.get)
+    # Ceilings: what the loader alone delivers to the device, and what the model alone consumes.
+    ceilings: dict[str, list[float]] = {"loader_tuned": [], "loader_best_grid": [], "compute": []}
+    ceiling_runs = {
+        "loader_tuned": [*runs["tuned"], "trainer.measure=loader"],
+        "loader_best_grid": [*runs[best_grid], "trainer.measure=loader"],
+        "compute": ["loader=default", "trainer.measure=compute"],
+    }
+    for r in range(args.repeats):
+        for name, extra in ceiling_runs.items():
+            res = run_trial(script, [*base, *extra], out / workload / f"r{r}_ceiling_{name}", 300)
+            if res.ok:
+                ceilings[name].append(res.value)
+            shown = f"{res.value:,.1f}" if res.ok else f"FAILED {res.reason}"
+            print(f"[{workload}] ceiling {name:>16}: {shown}", flush=True)
+    ceil_med = {k: statistics.median(v) for k, v in ceilings.items() if v}
+    loader_ceiling = max(ceil_med.get("loader_tuned", 0), ceil_med.get("loader_best_grid", 0))
+    ceiling = min(loader_ceiling, ceil_med.get("compute", float("inf")))
+
+    def spread(v: list[float]) -> float:
+        return (max(v) - min(v)) / statistics.median(v) if len(v) > 1 else 0.0
+
+    tuned = med.get("tuned", float("nan"))
+    tuned_loader = read_preset(ROOT / "conf" / "loader" / f"bench_{workload}.yaml")
+    return {
+        "values": values,
+        "failures": {k: v for k, v in failures.items() if v},
+        "median": med,
+        "spread": {k: spread(v) for k, v in values.items() if v},
+        "best_grid": best_grid,
+        "ceilings": ceilings,
+        "ceiling": ceiling,
+        "tuned_preset": tuned_loader,
+        "ratios": {
+            "tuned/default": tuned / med["default"],
+            "tuned/recipe": tuned / med["recipe"],
+            "tuned/cpu_capped": tuned / med["cpu_capped"],
+            "tuned/best_grid": tuned / med[best_grid],
+            "tuned/ceiling": tuned / ceiling,
+        },
+    }
+
+
+def read_preset(path: Path) -> dict:
+    node = OmegaConf.load(path)
+    return {k: v for k, v in OmegaConf.to_container(node).items() if k != "defaults"}
+
+
+TARGETS = {
+    "synthetic": {
+        "tuned/recipe": 5.0,
+        "tuned/cpu_capped": 10.0,
+        "tuned/best_grid": 0.9,
+        "tuned/ceiling": 0.9,
+    },
+    "photos": {
+        "tuned/recipe": 1.0,
+        "tuned/default": 1.5,
+        "tuned/best_grid": 0.95,
+        "tuned/ceiling": 0.9,
+    },
+}
+SWEEP_SECONDS_TARGET = 180.0
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 4.8), squeeze=False)
+    for ax, (workload, res) in zip(axes[0], results.items(), strict=True):
+        order = ["default", "recipe", "cpu_capped", res["best_grid"], "tuned"]
+        names = [n for n in order if n in res["median"]]
+        meds = [res["median"][n] for n in names]
+        errs = [
+            [m - min(res["values"][n]) for n, m in zip(names, meds, strict=True)],
+            [max(res["values"][n]) - m for n, m in zip(names, meds, strict=True)],
+        ]
+        colors = ["tab:gray"] * (len(names) - 1) + ["tab:green"]
+        ax.bar(names, meds, yerr=errs, color=colors, capsize=4)
+        ax.axhline(res["ceiling"], color="tab:red", linestyle="--", label="ceiling")
+        for i, m in enumerate(meds):
+            ax.text(i, m, f"{m:,.0f}", ha="center", va="bottom", fontsize=9)
+        ax.set_title(f"{workload}: median samples/s (min-max), {len(res['values']['tuned'])} runs")
+        ax.set_ylabel("samples/s")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured window per run")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--skip-sweep", action="store_true", help="reuse conf/loader/bench_*")
+    args = parser.parse_args()
+
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    out = (args.out or ROOT / "benchmarks" / "results" / f"{stamp}_{platform.node()}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cores = max(1, int(usable_cores()))
+    fp = detect()
+    print(f"machine: {fp.short()}\noutput: {out}", flush=True)
+
+    results, sweep_seconds = {}, {}
+    for workload in args.workloads:
+        if not args.skip_sweep:
+            sweep_seconds[workload] = run_sweep(workload, out, args)
+        results[workload] = measure_all(workload, out, args, cores)
+
+    print("\n== results (median samples/s, spread = (max-min)/median) ==")
+    checks = []
+    for workload, res in results.items():
+        print(f"\n{workload}:")
+        for name in ["default", "recipe", "cpu_capped", "tuned", *[f"grid_{n}" for n in GRID]]:
+            if name in res["median"]:
+                print(
+                    f"  {name:>12}: {res['median'][name]:>9,.1f}  spread {res['spread'][name]:.0%}"
+                )
+        print(f"  {'ceiling':>12}: {res['ceiling']:>9,.1f}  (loader-only vs compute-only)")
+        for ratio, value in res["ratios"].items():
+            target = TARGETS[workload].get(ratio)
+            verdict = "" if target is None else ("PASS" if value >= target else "MISS")
+            goal = f" (target >= {target})" if target is not None else ""
+            print(f"  {ratio:>18} = {value:.2f}{goal} {verdict}")
+            if target is not None:
+                checks.append((f"{workload} {ratio}", value, target))
+        if workload in sweep_seconds:
+            s = sweep_seconds[workload]
+            print(
+                f"  sweep wall time = {s:.0f} s (target < {SWEEP_SECONDS_TARGET:.0f} s)"
+                f" {'PASS' if s < SWEEP_SECONDS_TARGET else 'MISS'}"
+            )
+
+    report = {
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": fp.as_dict(),
+        "cwd_git": _git_rev(),
+        "repeats": args.repeats,
+        "seconds_per_run": args.seconds,
+        "sweep_seconds": sweep_seconds,
+        "results": results,
+        "targets": TARGETS,
+        "checks": [{"check": c, "value": v, "target": t, "pass": v >= t} for c, v, t in checks],
+    }
+    (out / "bench.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    plot(results, out / "bench.png")
+    print(f"\nwrote {out / 'bench.json'} and {out / 'bench.png'}")
+    return 0
+
+
+def _git_rev() -> str | None:
+    try:
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+            ).stdout.strip()
+            or None
+        )
+    except OSError:
+        return None
+
+
+if __name__ == "__main__":
+    os.chdir(ROOT)
+    sys.exit(main())
