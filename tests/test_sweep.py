@@ -328,3 +328,33 @@ def test_hand_written_preset_stops_the_sweep_before_any_trial(project):
     assert "was not written by a feedrate sweep" in proc.stdout + proc.stderr
     assert (project / "conf" / "loader" / "recipe.yaml").read_text() == before
     assert not list((project / "multirun" / "0").glob("[0-9]*")), "a trial ran"
+
+
+@pytest.mark.slow
+def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(project):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "sweep=lr",
+            "dataset=synthetic",
+            "dataset.n_samples=400",
+            "dataset.image_size=16",
+            "model.width=4",
+            "loader.batch_size=16",
+            "trainer.max_steps=12",
+            "trainer.warmup_steps=2",
+            "trainer.window_steps=2",
+            "hydra.sweeper.n_trials=2",
+            f"hydra.sweep.dir={project}/lr",
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    best = OmegaConf.load(project / "lr" / "optimization_results.yaml")
+    assert 0.0 <= best.best_value <= 1.0 and "trainer.lr" in best.best_params
+    assert not list((project / "conf" / "loader").glob("tuned_*")), "sweep=lr wrote a preset"

@@ -109,6 +109,8 @@ def _trainer_problems(trainer: DictConfig) -> Iterable[str]:
         yield f"trainer.max_seconds={trainer.max_seconds} must be positive, or null"
     if trainer.lr <= 0:
         yield f"trainer.lr={trainer.lr} must be positive"
+    if not 0 <= trainer.val_fraction < 1:
+        yield f"trainer.val_fraction={trainer.val_fraction} must be in [0, 1)"
 
 
 def validate(cfg: DictConfig) -> None:

@@ -162,13 +162,13 @@ class TrainerConfig:
     warmup_steps: int = 20
     window_steps: int = 20
     max_seconds: float | None = None
-    # Give up on warm-up after this long (the run still completes, flagged warmup_truncated).
-    max_warmup_seconds: float | None = None
     optimizer: Optimizer = Optimizer.sgd
     lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 5e-4
     seed: int = 0
+    # Share of the dataset held out (never trained on) for val_loss / val_accuracy; 0: none.
+    val_fraction: float = 0.0
     checkpoint_dir: str = "checkpoints"
     save_checkpoint: bool = True
     progress: bool = True

