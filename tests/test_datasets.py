@@ -7,7 +7,6 @@ import threading
 
 import pytest
 import torch
-from hydra.utils import instantiate
 
 from feedrate import dataset as ds
 from feedrate.checks import check_picklable, find_unpicklable
@@ -19,7 +18,7 @@ from .conftest import PHOTOS
 
 def test_photos_build_once_then_reuse(compose, photos_root, caplog, monkeypatch):
     cfg = compose(*PHOTOS, f"dataset.root={photos_root}")
-    first = instantiate(cfg.dataset)
+    first = build_dataset(cfg.dataset)
     assert len(first) == 48 and len(first.classes) == 8
     image, label = first[0]
     assert image.dtype == torch.uint8 and image.shape == (3, 64, 64)
@@ -32,14 +31,14 @@ def test_photos_build_once_then_reuse(compose, photos_root, caplog, monkeypatch)
         raise AssertionError("the photo set was rebuilt instead of reused")
 
     monkeypatch.setattr(ds, "_render_photos", no_rebuild)
-    again = instantiate(cfg.dataset)
+    again = build_dataset(cfg.dataset)
     assert again.samples == first.samples
 
 
 def test_photos_are_real_jpegs_at_imagenet_like_sizes(compose, photos_root):
     from PIL import Image
 
-    folder = instantiate(compose(*PHOTOS, f"dataset.root={photos_root}").dataset)
+    folder = build_dataset(compose(*PHOTOS, f"dataset.root={photos_root}").dataset)
     sizes = []
     for path, _ in folder.samples[:16]:
         with Image.open(path) as img:
@@ -61,9 +60,9 @@ def test_a_failed_build_leaves_nothing_half_written(tmp_path, monkeypatch):
 
 
 def test_synthetic_returns_uint8_by_default_and_float32_on_request(compose):
-    image, label = instantiate(compose().dataset)[3]
+    image, label = build_dataset(compose().dataset)[3]
     assert image.dtype == torch.uint8 and image.shape == (3, 32, 32)
-    image, _ = instantiate(compose("dataset.dtype=float32").dataset)[3]
+    image, _ = build_dataset(compose("dataset.dtype=float32").dataset)[3]
     assert image.dtype == torch.float32
     with pytest.raises(ConfigError, match="dataset.dtype='float16'"):
         build_dataset(compose("dataset.dtype=float16").dataset)
@@ -78,7 +77,7 @@ def test_memmap_builds_from_photos_and_pickles_without_its_data(compose, photos_
         "dataset.stored_size=64",
         "dataset.image_size=56",
     )
-    data = instantiate(cfg.dataset)
+    data = build_dataset(cfg.dataset)
     image, label = data[5]
     assert image.dtype == torch.uint8 and image.shape == (3, 56, 56)
     assert len(data) == 48 and len(data.classes) == 8

@@ -159,7 +159,7 @@ class _BackloggedLoader:
 
     def __init__(self):
         self.collate_fn = CountingCollate(2)
-        self.collate_fn.counts[0] = 16 * 4  # the backlog, produced before training started
+        self.collate_fn.counts[0, 0] = 16 * 4  # the backlog, produced before training started
 
     def __len__(self):
         return 10**6
@@ -168,7 +168,7 @@ class _BackloggedLoader:
         for i in range(10**6):
             if i >= 16:
                 time.sleep(0.05)
-                self.collate_fn.counts[i % 2] += 4
+                self.collate_fn.counts[i % 2, 0] += 4
             yield torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4, dtype=torch.long)
 
 

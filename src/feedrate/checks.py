@@ -90,6 +90,8 @@ def _dataset_problems(dataset: DictConfig) -> Iterable[str]:
         v = dataset.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
             yield f"dataset.{key}={v} must be positive"
+    if dataset.get("on_error", "raise") not in ("raise", "skip"):
+        yield f"dataset.on_error={dataset.on_error!r} must be 'raise' or 'skip'"
     for key in _NON_NEGATIVE_DATASET_KEYS:
         v = dataset.get(key)
         if isinstance(v, (int, float)) and v < 0:

@@ -73,6 +73,7 @@ class PhotosConfig:
     """JPEG photos in ImageFolder layout, built once from scikit-image's bundled photographs."""
 
     _target_: str = "feedrate.dataset.build_photos"
+    on_error: str = "raise"  # raise: name the failing sample; skip: drop and count it
     root: str = "~/.cache/feedrate/photos"
     n_images: int = 3000
     image_size: int = 224
@@ -85,6 +86,7 @@ class SyntheticConfig:
     """In-memory images with a simulated per-sample I/O latency and CPU cost."""
 
     _target_: str = "feedrate.dataset.SyntheticDataset"
+    on_error: str = "raise"  # raise: name the failing sample; skip: drop and count it
     n_samples: int = 10_000
     image_size: int = 224
     channels: int = 3
@@ -100,6 +102,7 @@ class MemmapConfig:
     """uint8 images in one memory-mapped ``.npy`` file, built once from the photos."""
 
     _target_: str = "feedrate.dataset.build_memmap"
+    on_error: str = "raise"  # raise: name the failing sample; skip: drop and count it
     path: str = "~/.cache/feedrate/memmap"
     photos_root: str = "~/.cache/feedrate/photos"
     n_images: int = 3000
@@ -113,6 +116,7 @@ class ImageFolderConfig:
     """Any directory in ImageFolder layout (``root/<class>/<image>``)."""
 
     _target_: str = "feedrate.dataset.build_image_folder"
+    on_error: str = "raise"  # raise: name the failing sample; skip: drop and count it
     root: str = MISSING
     image_size: int = 224
 
@@ -173,6 +177,9 @@ class TrainerConfig:
     save_checkpoint: bool = True
     progress: bool = True
     measure: Measure = Measure.train
+    # Stream samples without epoch ends (a sampler that reshuffles forever): the steady state
+    # the sweep compares. samples/s is then the lower of consumed and produced.
+    stream: bool = False
 
 
 @dataclass

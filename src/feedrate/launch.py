@@ -28,8 +28,9 @@ from feedrate import hardware
 from feedrate.checks import validate
 from feedrate.dataset import num_classes
 from feedrate.errors import DatasetError, FeedrateError
+from feedrate.faults import Context, GuardedDataset, diagnose
 from feedrate.files import atomic_write_text, save_checkpoint
-from feedrate.loader import build_loader, loader_kwargs
+from feedrate.loader import build_loader, loader_kwargs, skipped_samples
 from feedrate.metrics import ResourceMonitor, format_summary, summarise
 from feedrate.model import build_model
 from feedrate.trainer import build_optimizer, evaluate, make_input_transform, train
@@ -80,8 +81,9 @@ def _output_dir(output_dir: str | os.PathLike | None) -> Path:
 def build_dataset(cfg: DictConfig):
     """Instantiate ``cfg.dataset``, turning failures into an error that names the target."""
     target = cfg.get("_target_")
+    kwargs = {k: v for k, v in cfg.items() if k != "on_error"}  # feedrate's, not the class's
     try:
-        return instantiate(cfg)
+        return instantiate(OmegaConf.create(kwargs))
     except InstantiationException as exc:
         cause = exc.__cause__
         if isinstance(cause, FeedrateError):
@@ -115,6 +117,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     dataset = build_dataset(cfg.dataset)
     n_classes = num_classes(dataset)
     train_set, val_set = split(dataset, cfg.trainer.val_fraction, cfg.trainer.seed)
+    train_set = GuardedDataset(train_set, cfg.dataset.get("on_error", "raise"))
     sample, _ = dataset[0]
     model = build_model(cfg.model, n_classes).to(hw.device)
     if hw.channels_last:
@@ -132,9 +135,25 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     )
     with ResourceMonitor() as monitor:
         created = time.perf_counter()
-        loader = build_loader(train_set, loader_args, cfg.trainer.seed)
+        loader = build_loader(train_set, loader_args, cfg.trainer.seed, cfg.trainer.stream)
         to_device = make_input_transform(hw, sample.shape[0])
-        result = train(model, loader, optimizer, hw, cfg.trainer, monitor, created, to_device)
+        try:
+            result = train(model, loader, optimizer, hw, cfg.trainer, monitor, created, to_device)
+        except Exception as exc:
+            monitor.sample()
+            context = Context(
+                num_workers=cfg.loader.num_workers,
+                prefetch_factor=cfg.loader.prefetch_factor,
+                batch_bytes=cfg.loader.batch_size * sample.element_size() * sample.nelement(),
+                peak_pss_mb=monitor.peaks.pss_bytes / 2**20,
+                timeout_s=cfg.loader.timeout,
+                start_method=loader_args.get("multiprocessing_context") or "none",
+            )
+            named = diagnose(exc, context)
+            if named is None:
+                raise
+            raise named from exc
+        skipped = skipped_samples(loader)
         del loader  # ends persistent workers inside the monitored window
     val_loss = val_accuracy = None
     if val_set is not None:
@@ -150,8 +169,12 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         str(hw.device.type).upper(),
         result.final_loss,
         result.train_accuracy,
+        stream=cfg.trainer.stream,
     )
     metrics["val_loss"], metrics["val_accuracy"] = val_loss, val_accuracy
+    metrics["skipped_samples"] = skipped
+    if skipped:
+        log.warning("%d samples failed to load and were skipped <cfg.dataset.on_error>", skipped)
     metrics["steps"] = result.steps
     metrics["epochs_started"] = result.epochs_started
     metrics["run"] = {

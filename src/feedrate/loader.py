@@ -7,10 +7,11 @@ import warnings
 
 import torch
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, RandomSampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from feedrate.checks import check_picklable, start_method
+from feedrate.faults import GuardedDataset
 from feedrate.hardware import Hardware, usable_cores
 
 log = logging.getLogger(__name__)
@@ -45,40 +46,55 @@ def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
 
 
 class CountingCollate:
-    """``default_collate`` that counts, per worker, the samples each worker has produced.
+    """``default_collate`` that counts what each worker produced and what it skipped.
 
-    The counts live in shared memory (one slot per worker, so no locking), and let the main
-    process measure the rate at which workers *produce* batches, not only the rate at which
-    training *consumes* them. The two differ while a prefetched backlog is being consumed:
-    all workers start at once and queue ``num_workers * prefetch_factor`` batches, which the
-    first seconds of training eat at compute speed, a rate the loader cannot sustain.
+    Produced: the main process measures the rate at which workers *produce* batches, not only
+    the rate at which training *consumes* them. The two differ while a prefetched backlog is
+    being consumed: all workers start at once and queue ``num_workers * prefetch_factor``
+    batches, which the first seconds of training eat at compute speed, a rate the loader
+    cannot sustain. Skipped: samples that ``dataset.on_error=skip`` dropped (``None``).
+    Counts live in shared memory, one row per worker plus one for the main process, so no
+    locking is needed.
     """
 
     def __init__(self, num_workers: int) -> None:
-        self.counts = torch.zeros(num_workers, dtype=torch.int64).share_memory_()
+        self.counts = torch.zeros(num_workers + 1, 2, dtype=torch.int64).share_memory_()
 
     def __call__(self, batch: list) -> object:
-        out = default_collate(batch)
+        kept = [b for b in batch if b is not None]
         info = get_worker_info()
+        row = self.counts[info.id if info is not None else -1]
+        row[1] += len(batch) - len(kept)
+        if not kept:
+            return None  # every sample of this batch was skipped
+        out = default_collate(kept)
         if info is not None:
-            self.counts[info.id] += len(batch)
+            row[0] += len(kept)
         return out
 
 
 def produced_samples(loader: DataLoader) -> int | None:
     """Samples the loader's workers have produced so far (None without workers)."""
     collate = getattr(loader, "collate_fn", None)
-    return int(collate.counts.sum()) if isinstance(collate, CountingCollate) else None
+    if not isinstance(collate, CountingCollate) or len(collate.counts) == 1:
+        return None
+    return int(collate.counts[:-1, 0].sum())
 
 
-def build_loader(dataset: Dataset, kwargs: dict, seed: int) -> DataLoader:
+def skipped_samples(loader: DataLoader) -> int:
+    collate = getattr(loader, "collate_fn", None)
+    return int(collate.counts[:, 1].sum()) if isinstance(collate, CountingCollate) else 0
+
+
+def build_loader(dataset: Dataset, kwargs: dict, seed: int, stream: bool = False) -> DataLoader:
     """A DataLoader over ``dataset`` with ``kwargs`` from :func:`loader_kwargs`.
 
     Refuses, before any worker starts, a dataset that its workers could not receive.
     """
     workers = kwargs["num_workers"]
     if workers > 0:
-        check_picklable(dataset, kwargs["multiprocessing_context"])
+        inner = dataset.dataset if isinstance(dataset, GuardedDataset) else dataset
+        check_picklable(inner, kwargs["multiprocessing_context"])
     cores = usable_cores()
     if workers > cores:
         log.info(
@@ -89,5 +105,7 @@ def build_loader(dataset: Dataset, kwargs: dict, seed: int) -> DataLoader:
             cores,
         )
     generator = torch.Generator().manual_seed(seed)
-    collate = CountingCollate(workers) if workers > 0 else None
-    return DataLoader(dataset, generator=generator, collate_fn=collate, **kwargs)
+    if stream:  # reshuffle forever: no epoch end while measuring (trainer.stream)
+        sampler = RandomSampler(dataset, num_samples=len(dataset) * 10_000, generator=generator)
+        kwargs = {**kwargs, "shuffle": False, "sampler": sampler}
+    return DataLoader(dataset, generator=generator, collate_fn=CountingCollate(workers), **kwargs)

@@ -166,6 +166,7 @@ def summarise(
     device: str,
     final_loss: float,
     train_accuracy: float,
+    stream: bool = False,
 ) -> dict:
     """The metrics written to metrics.json."""
     total_step = sum(times.step_s)
@@ -175,7 +176,11 @@ def summarise(
     elapsed = times.elapsed_s if times.elapsed_s > 0 else float("nan")
     consumed_rate = times.samples / elapsed
     produced_rate = times.produced / elapsed if times.produced is not None else None
-    rate = min(consumed_rate, produced_rate) if produced_rate is not None else consumed_rate
+    # Streaming (no epoch ends), workers never idle for lack of indices, so what they produced
+    # is what they sustain, and the backlog queued at start-up cannot pass for throughput.
+    # With epochs, workers legitimately idle at each epoch's end: use what training consumed.
+    use_produced = stream and produced_rate is not None
+    rate = min(consumed_rate, produced_rate) if use_produced else consumed_rate
     median = statistics.median(rates) if rates else 0.0
     spread = (max(rates) - min(rates)) / median if len(rates) > 1 and median > 0 else None
     mb = 1 / 2**20

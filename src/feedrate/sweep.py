@@ -87,7 +87,8 @@ def loader_search_space(cfg: DictConfig, trial: optuna.trial.Trial) -> None:
     """
     trial.suggest_int("loader.num_workers", 1, max_workers(cfg), log=True)
     trial.suggest_int("loader.prefetch_factor", 1, 8, log=True)
-    trial.suggest_categorical("loader.persistent_workers", [True, False])
+    if not cfg.trainer.stream:  # streaming has no epoch ends, where persistence pays off
+        trial.suggest_categorical("loader.persistent_workers", [True, False])
     trial.suggest_categorical("loader.multiprocessing_context", start_methods(cfg))
     if torch.cuda.is_available():
         trial.suggest_categorical("loader.pin_memory", [True, False])
@@ -324,6 +325,9 @@ class LoaderSweep(Callback):
         winner = decision.winner
         loader = winner.loader()
         tuned = preset_values(loader, config.sweep.tune_batch_size)
+        streamed = config.trainer.stream and tuned.get("num_workers", 0) > 0
+        if streamed:  # measured without epoch ends; persistence only saves restarts
+            tuned["persistent_workers"] = True
         fp = hardware.detect()
         base = decision.best_baseline
         name = path.stem
@@ -351,6 +355,14 @@ class LoaderSweep(Callback):
             f"Hardware: {fp.short()}.",
             "Reproduce: python train.py -m " + " ".join(_base_args(config)),
             "Plain data: the DataLoader's own arguments on top of loader/default.yaml.",
+            *(
+                [
+                    "persistent_workers: true, measured streaming (no epoch ends): keeping"
+                    " workers saves their restart at every epoch."
+                ]
+                if streamed
+                else []
+            ),
         ]
         text = render(tuned, lines)
         script = Path(sys.argv[0]).resolve()

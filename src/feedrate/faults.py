@@ -1,0 +1,146 @@
+"""DataLoader failures, named: each cryptic symptom becomes a cause and a fix.
+
+PyTorch reports a dead worker as "DataLoader worker (pid 1234) is killed by signal: Killed",
+a full ``/dev/shm`` as a bus error, and a broken sample as a traceback from inside a worker.
+:func:`diagnose` turns those into :class:`FeedrateError`s that say what happened, with the
+figures feedrate measured, and what to do. :class:`GuardedDataset` makes a failing sample
+name itself (index and file), and implements ``dataset.on_error: raise | skip``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+from torch.utils.data import Dataset, Subset
+
+from feedrate.errors import DatasetError, FeedrateError
+
+
+class SampleError(FeedrateError):
+    """A sample that could not be loaded. One string argument, so PyTorch can re-raise it
+    from a worker process in the main one."""
+
+
+class LoaderFailure(FeedrateError):
+    """The DataLoader's workers failed for a reason of the machine, not of the config."""
+
+
+def sample_origin(dataset: Any, index: int) -> str:
+    """Where sample ``index`` comes from: its file when the dataset knows it."""
+    while isinstance(dataset, Subset):
+        index = dataset.indices[index]
+        dataset = dataset.dataset
+    samples = getattr(dataset, "samples", None)
+    if isinstance(samples, list) and 0 <= index < len(samples):
+        entry = samples[index]
+        path = entry[0] if isinstance(entry, tuple) else entry
+        return f"sample {index} ({path})"
+    return f"sample {index}"
+
+
+class GuardedDataset(Dataset):
+    """The user's dataset, with failures that name their sample.
+
+    ``on_error="raise"``: a failing ``__getitem__`` raises :class:`SampleError` naming the
+    index and file. ``on_error="skip"``: the sample is dropped from its batch and counted
+    (``feedrate.loader.CountingCollate`` keeps the count), and training goes on.
+    """
+
+    def __init__(self, dataset: Dataset, on_error: str = "raise") -> None:
+        if on_error not in ("raise", "skip"):
+            raise DatasetError(f"dataset.on_error={on_error!r} is not one of 'raise', 'skip'")
+        self.dataset = dataset
+        self.on_error = on_error
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.dataset[index]
+        except Exception as exc:  # noqa: BLE001 - any failure of user code is reported
+            if self.on_error == "skip":
+                return None
+            raise SampleError(
+                f"{sample_origin(self.dataset, index)} could not be loaded:"
+                f" {type(exc).__name__}: {exc}. Fix or remove it, or set dataset.on_error=skip"
+                " to skip failing samples (they are counted in metrics.json)"
+            ) from exc
+
+
+@dataclass
+class Context:
+    """What the run knew when the loader failed, for the message."""
+
+    num_workers: int
+    prefetch_factor: int | None
+    batch_bytes: int
+    peak_pss_mb: float
+    timeout_s: float
+    start_method: str
+
+
+def _mb(x: float) -> str:
+    return f"{x / 2**20:,.0f} MB"
+
+
+def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
+    """A named cause and fix for a failure raised out of the training loop, or None."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, SampleError) or "SampleError" in text:
+        lines = [ln for ln in str(exc).splitlines() if "could not be loaded" in ln]
+        message = lines[-1].split("SampleError: ", 1)[-1] if lines else str(exc)
+        return SampleError(message)
+    if re.search(r"DataLoader worker \(pid.*\) is killed by signal: Killed", text):
+        vm = psutil.virtual_memory()
+        return LoaderFailure(
+            "a DataLoader worker was killed (SIGKILL), probably by the out-of-memory killer:"
+            f" the main process and {ctx.num_workers} workers peaked at"
+            f" {ctx.peak_pss_mb:,.0f} MB (PSS) with {_mb(vm.available)} of {_mb(vm.total)}"
+            " available now. Use fewer workers (loader.num_workers), a smaller"
+            " loader.prefetch_factor or loader.batch_size, or a dataset whose workers share"
+            " memory (dataset=memmap; numpy arrays instead of Python lists)"
+        )
+    if re.search(r"Bus error|insufficient shared memory|No space left on device", text) and (
+        "shm" in text or "shared memory" in text or "Bus error" in text
+    ):
+        need = ctx.num_workers * (ctx.prefetch_factor or 2) * ctx.batch_bytes
+        shm = psutil.disk_usage("/dev/shm") if _has_shm() else None
+        size = f"{_mb(shm.total)}, {_mb(shm.free)} free" if shm else "unknown size"
+        return LoaderFailure(
+            "insufficient shared memory: workers pass batches through /dev/shm"
+            f" ({size}); {ctx.num_workers} workers x prefetch {ctx.prefetch_factor or 2} x"
+            f" {_mb(ctx.batch_bytes)} per batch need about {_mb(need)}. In Docker, run with"
+            " --shm-size=8g or --ipc=host; or lower loader.num_workers / loader.prefetch_factor"
+        )
+    if "Too many open files" in text or "received 0 items of ancdata" in text:
+        return LoaderFailure(
+            "too many open files: under PyTorch's file_descriptor sharing strategy every"
+            " batch in flight holds file descriptors. Raise the limit (ulimit -n 65536) or"
+            " lower loader.num_workers / loader.prefetch_factor"
+        )
+    if re.search(r"DataLoader timed out after", text):
+        return LoaderFailure(
+            f"no batch arrived within loader.timeout={ctx.timeout_s:g} s: a worker is stuck in"
+            " the dataset's __getitem__ (slow or hung storage, a lock, a deadlock after fork)."
+            " The run was stopped and its workers ended; check the storage, or raise"
+            " loader.timeout if samples are legitimately that slow"
+        )
+    if "Cannot re-initialize CUDA in forked subprocess" in text:
+        return LoaderFailure(
+            "CUDA was initialised before the DataLoader forked its workers, and a worker"
+            " touched CUDA: keep dataset tensors on the CPU (move batches to the device in the"
+            " training loop, as feedrate does), or use loader.multiprocessing_context=spawn"
+        )
+    return None
+
+
+def _has_shm() -> bool:
+    try:
+        psutil.disk_usage("/dev/shm")
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,132 @@
+"""Each DataLoader failure is injected, and named with its cause and fix."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+import pytest
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+import feedrate
+from feedrate.dataset import ensure_photos
+from feedrate.faults import LoaderFailure, SampleError
+
+from .conftest import run_cli, shrink
+
+
+class Exploding(Dataset):
+    """Sample 5 raises, like a corrupt record."""
+
+    classes = ["a", "b"]
+
+    def __init__(self, n: int = 64) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if i == 5:
+            raise ValueError("bad record header")
+        return torch.zeros(3, 8, 8, dtype=torch.uint8), i % 2
+
+
+class KilledWorker(Exploding):
+    """A worker dies by SIGKILL, as the OOM killer kills it."""
+
+    def __getitem__(self, i):
+        if get_worker_info() is not None and get_worker_info().id == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i % 5)
+
+
+class Hangs(Exploding):
+    def __getitem__(self, i):
+        if get_worker_info() is not None:
+            time.sleep(120)
+        return super().__getitem__(i % 5)
+
+
+def _custom(compose, cls: str, *overrides: str):
+    return compose(
+        "dataset=custom",
+        f"dataset._target_=tests.test_faults.{cls}",
+        "trainer.max_steps=6",
+        "trainer.warmup_steps=1",
+        *overrides,
+    )
+
+
+def test_failing_sample_is_named(compose, tmp_path):
+    with pytest.raises(SampleError) as info:
+        feedrate.run(_custom(compose, "Exploding", "loader.num_workers=2"), output_dir=tmp_path)
+    message = str(info.value)
+    assert message.startswith("sample 5 could not be loaded: ValueError: bad record header")
+    assert "dataset.on_error=skip" in message
+
+
+def test_corrupt_jpeg_is_named_by_path(compose, photos_root, tmp_path):
+    built = ensure_photos(photos_root, n_images=48, jpeg_quality=90, seed=0)
+    copy = tmp_path / "photos"
+    shutil.copytree(built, copy)
+    victim = sorted((copy / "cat").glob("*.jpg"))[0]
+    victim.write_bytes(victim.read_bytes()[:200])  # truncated, like a failed download
+    cfg = compose(
+        "dataset=image_folder",
+        f"dataset.root={copy}",
+        "dataset.image_size=32",
+        "loader.batch_size=48",
+        "trainer.max_steps=3",
+        "trainer.warmup_steps=1",
+    )
+    with pytest.raises(SampleError, match="could not be loaded: OSError") as info:
+        feedrate.run(cfg, output_dir=tmp_path / "b")
+    assert f"({victim})" in str(info.value)
+
+
+def test_skip_policy_counts_and_goes_on(compose, tmp_path):
+    cfg = _custom(
+        compose,
+        "Exploding",
+        "loader.num_workers=2",
+        "dataset.on_error=skip",
+        "trainer.epochs=1",
+        "trainer.max_steps=null",
+    )
+    m = feedrate.run(cfg, output_dir=tmp_path)
+    assert m["skipped_samples"] == 1
+    assert m["steps"] == 4  # 64 samples, batches of 16: the short batch still trains
+
+
+def test_killed_worker_is_reported_as_probably_out_of_memory(compose, tmp_path):
+    with pytest.raises(LoaderFailure) as info:
+        feedrate.run(_custom(compose, "KilledWorker", "loader.num_workers=2"), output_dir=tmp_path)
+    message = str(info.value)
+    assert "worker was killed (SIGKILL), probably by the out-of-memory killer" in message
+    assert "MB (PSS)" in message and "loader.num_workers" in message
+
+
+def test_hung_worker_is_stopped_by_the_timeout(compose, tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(LoaderFailure, match="no batch arrived within loader.timeout=2"):
+        feedrate.run(
+            _custom(compose, "Hangs", "loader.num_workers=1", "loader.timeout=2"),
+            output_dir=tmp_path,
+        )
+    assert time.monotonic() - t0 < 60
+
+
+def test_cli_names_the_sample_and_exits_2_without_a_traceback(tmp_path):
+    proc = run_cli(
+        *shrink(["dataset=custom", "dataset._target_=tests.test_faults.Exploding"]),
+        "loader.num_workers=2",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    assert "sample 5 could not be loaded: ValueError: bad record header" in out
+    assert "Traceback" not in out
