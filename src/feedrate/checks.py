@@ -105,8 +105,16 @@ def _trainer_problems(trainer: DictConfig) -> Iterable[str]:
         v = trainer[key]
         if v is not None and v < 1:
             yield f"trainer.{key}={v} must be at least 1"
-    if trainer.warmup_steps < 0:
-        yield f"trainer.warmup_steps={trainer.warmup_steps} must be 0 or more"
+    if trainer.warmup_steps < 1:
+        yield (
+            f"trainer.warmup_steps={trainer.warmup_steps} must be at least 1: the first step"
+            " pays for start-up (workers, allocator, autotuning) and is never measured"
+        )
+    if trainer.stream and trainer.epochs is not None:
+        yield (
+            "trainer.stream=true has no epochs to count: use trainer.max_steps or"
+            " trainer.max_seconds, and trainer.epochs=null"
+        )
     if trainer.max_seconds is not None and trainer.max_seconds <= 0:
         yield f"trainer.max_seconds={trainer.max_seconds} must be positive, or null"
     if trainer.lr <= 0:
@@ -127,6 +135,10 @@ def validate(cfg: DictConfig) -> None:
     if cfg.objective not in METRIC_NAMES:
         problems.append(
             f"objective={cfg.objective!r} is not a metric; choose one of {', '.join(METRIC_NAMES)}"
+        )
+    elif cfg.objective.startswith("val_") and cfg.trainer.val_fraction <= 0:
+        problems.append(
+            f"objective={cfg.objective} needs a held-out split: set trainer.val_fraction (e.g. 0.1)"
         )
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))

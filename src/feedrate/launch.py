@@ -11,6 +11,7 @@ import math
 import os
 import sys
 import time
+import traceback
 from datetime import datetime
 from pathlib import Path
 
@@ -117,8 +118,9 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     dataset = build_dataset(cfg.dataset)
     n_classes = num_classes(dataset)
     train_set, val_set = split(dataset, cfg.trainer.val_fraction, cfg.trainer.seed)
-    train_set = GuardedDataset(train_set, cfg.dataset.get("on_error", "raise"))
-    sample, _ = dataset[0]
+    on_error = cfg.dataset.get("on_error", "raise")
+    train_set = GuardedDataset(train_set, on_error)
+    sample, _ = GuardedDataset(dataset, "raise")[0]
     model = build_model(cfg.model, n_classes).to(hw.device)
     if hw.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -152,13 +154,21 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
             named = diagnose(exc, context)
             if named is None:
                 raise
+            # The traceback's frames hold the loader's iterator: clear them so its workers
+            # end now, not whenever the exception object is collected.
+            traceback.clear_frames(exc.__traceback__)
             raise named from exc
         skipped = skipped_samples(loader)
         del loader  # ends persistent workers inside the monitored window
     val_loss = val_accuracy = None
     if val_set is not None:
-        eval_args = {**loader_args, "shuffle": False, "persistent_workers": False}
-        val_loader = build_loader(val_set, eval_args, cfg.trainer.seed)
+        eval_args = {
+            **loader_args,
+            "shuffle": False,
+            "drop_last": False,
+            "persistent_workers": False,
+        }
+        val_loader = build_loader(GuardedDataset(val_set, on_error), eval_args, cfg.trainer.seed)
         val_loss, val_accuracy = evaluate(model, val_loader, hw, to_device)
         del val_loader
     metrics = summarise(

@@ -41,7 +41,7 @@ def check_writable(path: Path, overwrite: bool) -> None:
     """Refuse, before a sweep starts, to replace a preset feedrate did not write."""
     if not path.exists() or overwrite:
         return
-    if MARKER not in path.read_text().splitlines()[:1]:
+    if MARKER not in path.read_text().splitlines()[:2]:
         raise ConfigError(
             f"{path} exists and was not written by a feedrate sweep: it is kept. Choose another"
             f" name (sweep.preset_name=...) or replace it with sweep.overwrite=true"
@@ -49,15 +49,16 @@ def check_writable(path: Path, overwrite: bool) -> None:
 
 
 def render(values: dict, header_lines: list[str]) -> str:
-    """The preset's text: marker, commented header, ``defaults: [default]``, the keys."""
+    """The preset's text: usage line, marker, header, ``defaults: [default]``, the keys."""
     unknown = set(values) - set(PRESET_KEYS)
     if unknown:
         raise ValueError(f"not loader preset keys: {sorted(unknown)}")
     body = yaml.safe_dump(
         {"defaults": ["default", "_self_"], **values}, sort_keys=False, default_flow_style=False
     )
-    header = "\n".join(f"# {line}".rstrip() for line in header_lines)
-    return f"{MARKER}\n{header}\n{body}"
+    usage, *rest = header_lines or [""]
+    header = "\n".join(f"# {line}".rstrip() for line in rest)
+    return f"# {usage}\n{MARKER}\n{header}\n{body}"
 
 
 def write_preset(path: Path, text: str, overwrite: bool, verify) -> None:

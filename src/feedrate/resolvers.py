@@ -25,7 +25,8 @@ def default_preset_name() -> str:
 
 
 def workload_key(root: DictConfig) -> str:
-    """A short hash of what the loader feeds: dataset, model, hardware, batch size.
+    """A short hash of the workload and how it is measured: dataset, model, hardware, batch
+    size, trainer settings and objective.
 
     Part of the study name, so the same command resumes its study and a different workload
     (another dataset, another latency) starts a new one.
@@ -36,6 +37,9 @@ def workload_key(root: DictConfig) -> str:
         "hardware": OmegaConf.to_container(root.hardware, resolve=True, enum_to_str=True),
         "batch_size": root.loader.batch_size,
         "tune_batch_size": bool(root.sweep and root.sweep.tune_batch_size),
+        # How trials are measured and what they return: results under other settings differ.
+        "trainer": OmegaConf.to_container(root.trainer, resolve=True, enum_to_str=True),
+        "objective": root.objective,
     }
     return hashlib.sha1(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:8]
 

@@ -113,6 +113,10 @@ class Contestant:
         return [r.value for r in self.results if r.ok]
 
     @property
+    def failures(self) -> list[str]:
+        return [f"{r.status}: {r.reason}" for r in self.results if not r.ok]
+
+    @property
     def median(self) -> float | None:
         return statistics.median(self.values) if self.values else None
 
@@ -147,7 +151,8 @@ def decide(contestants: list[Contestant]) -> Decision:
     """The best candidate wins only if it beats the best baseline by more than the noise."""
     measured = [c for c in contestants if c.median is not None]
     baselines = [c for c in measured if c.is_baseline]
-    candidates = [c for c in measured if not c.is_baseline]
+    # A candidate that crashed, hung or was killed in any final run cannot become a preset.
+    candidates = [c for c in measured if not c.is_baseline and not c.failures]
     if not baselines and not candidates:
         raise FeedrateError("no configuration could be measured in the final round")
     if not baselines:
@@ -196,9 +201,70 @@ def _base_args(config: DictConfig) -> list[str]:
     return list(config.hydra.overrides.task)
 
 
-def _fail(exc: FeedrateError) -> None:
-    log.error("%s", exc)
-    sys.exit(exc.exit_code)
+class SweepFailed(FeedrateError):
+    """No configuration could be measured: nothing to decide, no preset written."""
+
+    exit_code = 1
+
+
+def _failure_summary(search: list[TrialResult]) -> str:
+    reasons: dict[str, int] = {}
+    for r in search:
+        if not r.ok:
+            reasons[f"{r.status}: {r.reason}"] = reasons.get(f"{r.status}: {r.reason}", 0) + 1
+    lines = [f"  {n} x {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])]
+    return (
+        f"every trial of the study failed ({len(search)} in this session); no preset was"
+        " written and any existing one is untouched. Reasons:\n"
+        + "\n".join(lines)
+        + "\nEach trial's output is in <sweep dir>/<n>/trial.log"
+    )
+
+
+SEARCHED = (
+    "loader.num_workers",
+    "loader.prefetch_factor",
+    "loader.persistent_workers",
+    "loader.multiprocessing_context",
+    "loader.pin_memory",
+)
+
+
+def check_sweep(config: DictConfig) -> None:
+    """Refuse sweep settings that cannot work, before any trial runs."""
+    s = config.sweep
+    problems = []
+    for key in ("finalists", "final_rounds"):
+        if s[key] < 1:
+            problems.append(f"sweep.{key}={s[key]} must be at least 1")
+    if s.final_seconds <= 0:
+        problems.append(f"sweep.final_seconds={s.final_seconds} must be positive")
+    if s.max_workers is not None and s.max_workers < 1:
+        problems.append(f"sweep.max_workers={s.max_workers} must be at least 1, or null (auto)")
+    unknown = [m for m in s.start_methods if m not in ("fork", "forkserver", "spawn")]
+    if unknown:
+        problems.append(f"sweep.start_methods has {unknown}: choose from fork, forkserver, spawn")
+    if any(b < 1 for b in s.batch_sizes):
+        problems.append(f"sweep.batch_sizes={list(s.batch_sizes)} must all be at least 1")
+    searched = [*SEARCHED, *(["loader.batch_size"] if s.tune_batch_size else [])]
+    for arg in config.hydra.overrides.task:
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if key in searched:
+            problems.append(
+                f"{arg} fixes a key the loader sweep searches: drop it from the command line"
+                " (to start from a preset, select it with loader=<name>)"
+            )
+    if problems:
+        raise ConfigError("invalid sweep:\n  - " + "\n  - ".join(problems))
+
+
+def _fail(exc: BaseException) -> None:
+    """End the sweep with a message; Hydra turns a callback's exception into a mere warning."""
+    if isinstance(exc, FeedrateError):
+        log.error("%s", exc)
+        sys.exit(exc.exit_code)
+    log.exception("the loader sweep failed: %s", exc)
+    sys.exit(1)
 
 
 class LoaderSweep(Callback):
@@ -206,19 +272,24 @@ class LoaderSweep(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
-            name = config.sweep.preset_name
-            path = preset_path(_conf_dir(config), name)
-            check_writable(path, config.sweep.overwrite)
-        except FeedrateError as exc:
+            self._start(config)
+        except Exception as exc:  # noqa: BLE001 - see _fail
             _fail(exc)
+
+    def _start(self, config: DictConfig) -> None:
+        name = config.sweep.preset_name
+        path = preset_path(_conf_dir(config), name)
+        check_writable(path, config.sweep.overwrite)
+        check_sweep(config)
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # feedrate logs what matters
         sweeper = config.hydra.sweeper
+        direction = getattr(sweeper.direction, "name", sweeper.direction)
         study = optuna.create_study(
             study_name=sweeper.study_name,
             storage=sweeper.storage,
-            direction="maximize",
+            direction=str(direction),
             load_if_exists=True,
         )
         earlier = len(study.trials)
@@ -244,7 +315,7 @@ class LoaderSweep(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         try:
             self._finish(config)
-        except FeedrateError as exc:
+        except Exception as exc:  # noqa: BLE001 - see _fail
             _fail(exc)
 
     def _finish(self, config: DictConfig) -> None:
@@ -256,7 +327,7 @@ class LoaderSweep(Callback):
         sweeper = config.hydra.sweeper
         study = optuna.load_study(study_name=sweeper.study_name, storage=sweeper.storage)
         search = report.collect_search(sweep_dir)
-        contestants = self._contestants(config, study)
+        contestants = self._contestants(config, study, search)
         self._remeasure(config, contestants, sweep_dir / "final")
         decision = decide(contestants)
         log.info("decision: %s", decision.reason)
@@ -272,7 +343,9 @@ class LoaderSweep(Callback):
             self._write_preset(config, path, decision, study)
         log.info("sweep report: %s", sweep_dir / "sweep_report.md")
 
-    def _contestants(self, config: DictConfig, study: optuna.Study) -> list[Contestant]:
+    def _contestants(
+        self, config: DictConfig, study: optuna.Study, search: list[TrialResult]
+    ) -> list[Contestant]:
         args = _base_args(config)
         without_loader = [a for a in args if not a.startswith("loader=")]
         selected = config.hydra.runtime.choices.get("loader", "default")
@@ -283,8 +356,11 @@ class LoaderSweep(Callback):
         from optuna.trial import TrialState
 
         done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+        if not done:
+            raise SweepFailed(_failure_summary(search))
         seen: set[tuple] = set()
-        for t in sorted(done, key=lambda t: t.value, reverse=True):
+        maximize = study.direction.name == "MAXIMIZE"
+        for t in sorted(done, key=lambda t: t.value, reverse=maximize):
             key = tuple(sorted(t.params.items()))
             if key in seen:
                 continue
@@ -293,9 +369,6 @@ class LoaderSweep(Callback):
             contestants.append(Contestant(f"trial {t.number}", [*args, *params], False, t.value))
             if len(seen) >= config.sweep.finalists:
                 break
-        if not done:
-            failed = [t for t in study.trials if t.state == TrialState.FAIL]
-            log.warning("no search trial completed (%d failed); baselines only", len(failed))
         return contestants
 
     def _remeasure(self, config: DictConfig, contestants: list[Contestant], out: Path) -> None:

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from feedrate.config import Measure, Optimizer
-from feedrate.errors import ConfigError
+from feedrate.errors import ConfigError, DatasetError
 from feedrate.hardware import Hardware
 from feedrate.loader import produced_samples
 from feedrate.metrics import ResourceMonitor, StepTimes
@@ -71,6 +71,12 @@ class TrainResult:
 
 def planned_steps(cfg: DictConfig, loader: DataLoader) -> int:
     """Steps the run will take: ``max_steps`` or ``epochs`` worth, whichever is fewer."""
+    if len(loader) == 0:
+        raise ConfigError(
+            f"the loader yields no batch: {len(loader.dataset)} training samples with"
+            f" loader.batch_size={loader.batch_size} and loader.drop_last={loader.drop_last};"
+            " lower the batch size, set loader.drop_last=false, or use more data"
+        )
     limits = []
     if cfg.max_steps is not None:
         limits.append(cfg.max_steps)
@@ -121,8 +127,11 @@ def train(
     restarts: list[float] = []
     step = epoch = 0
     measure_start = window_start = 0.0
-    window_samples = 0
+    window_samples = window_steps = 0
     window_wait = 0.0
+    # Measured steps are timed end to end, so the gaps between epochs (a new iterator, workers
+    # restarting) count as time spent waiting for data, and step times add up to wall time.
+    t_prev_end: float | None = None
     model.train()
     bar = tqdm(total=total, unit="step", desc="train", disable=not cfg.progress, dynamic_ncols=True)
     done = False
@@ -130,8 +139,9 @@ def train(
         t_iter = loader_created_at if epoch == 0 else time.perf_counter()
         batches = iter(loader)
         first = True
+        batches_this_epoch = 0
         while True:
-            t0 = time.perf_counter()
+            t0 = t_prev_end if t_prev_end is not None else time.perf_counter()
             if resident is not None:  # measure=compute: the same batch, already on the device
                 x, y = resident
             else:
@@ -139,6 +149,7 @@ def train(
                     batch = next(batches)
                 except StopIteration:
                     break
+                batches_this_epoch += 1
                 if batch is None:  # dataset.on_error=skip dropped every sample of it
                     continue
                 x, y = batch
@@ -176,32 +187,35 @@ def train(
             )
             if measured_step == 0:  # warm-up over: start the clock on a quiet device
                 _sync(hw.device)
-                measure_start = window_start = time.perf_counter()
+                monitor.start_cpu_window()  # samples memory: before the clock starts
+                measure_start = window_start = t_prev_end = time.perf_counter()
                 if measure is not Measure.compute:
                     produced_at_start = produced_samples(loader)
-                monitor.start_cpu_window()
                 loss_sum.zero_()
                 correct.zero_()
                 window_seen = 0
             elif measured_step > 0:
+                t2 = time.perf_counter()
+                out_of_time = cfg.max_seconds is not None and t2 - measure_start >= cfg.max_seconds
+                window_end = window_end or out_of_time
                 if window_end:
                     _sync(hw.device)
-                t2 = time.perf_counter()
+                    t2 = time.perf_counter()
                 times.wait_s.append(t1 - t0)
                 times.step_s.append(t2 - t0)
                 times.samples += len(y)
                 window_samples += len(y)
+                window_steps += 1
                 window_wait += t1 - t0
-                out_of_time = cfg.max_seconds is not None and t2 - measure_start >= cfg.max_seconds
-                if out_of_time:
-                    window_end = True
-                    _sync(hw.device)
-                    t2 = time.perf_counter()
+                t_prev_end = t2
                 if window_end:
                     span = t2 - window_start
                     if produced_at_start is not None:
                         times.produced = produced_samples(loader) - produced_at_start
-                    times.window_rates.append(window_samples / span)
+                    # A last window cut short by the clock or the step limit is too short to
+                    # stand alone in the spread; its samples still count in the totals.
+                    if window_steps >= max(2, cfg.window_steps // 2) or not times.window_rates:
+                        times.window_rates.append(window_samples / span)
                     if measure is not Measure.loader:  # no model ran: no loss to report
                         final_loss = loss_sum.item() / max(window_seen, 1)
                         train_acc = correct.item() / max(window_seen, 1)
@@ -215,7 +229,7 @@ def train(
                     )
                     loss_sum.zero_()
                     correct.zero_()
-                    window_seen = window_samples = 0
+                    window_seen = window_samples = window_steps = 0
                     window_wait = 0.0
                     window_start = t2
                 times.elapsed_s = t2 - measure_start
@@ -225,6 +239,12 @@ def train(
             if step >= total or done:
                 done = True
                 break
+        if not done and batches_this_epoch == 0:
+            raise DatasetError(
+                "an epoch yielded no batch at all (every sample failed and"
+                " dataset.on_error=skip dropped it): fix the dataset, or set"
+                " dataset.on_error=raise to see the first failure"
+            )
         epoch += 1
     bar.close()
     monitor.end_cpu_window()
@@ -245,13 +265,16 @@ def evaluate(
     loader: DataLoader,
     hw: Hardware,
     to_device: Callable[[torch.Tensor], torch.Tensor],
-) -> tuple[float, float]:
-    """(mean loss, accuracy) of ``model`` over ``loader``, in eval mode."""
+) -> tuple[float | None, float | None]:
+    """(mean loss, accuracy) of ``model`` over ``loader``, in eval mode; None if empty."""
     model.eval()
     loss_sum = torch.zeros((), device=hw.device)
     correct = torch.zeros((), device=hw.device, dtype=torch.long)
     seen = 0
-    for x, y in loader:
+    for batch in loader:
+        if batch is None:
+            continue
+        x, y = batch
         x = to_device(x)
         y = y.to(hw.device, non_blocking=hw.non_blocking)
         with torch.autocast(hw.device.type, dtype=hw.amp_dtype, enabled=hw.amp_dtype is not None):
@@ -260,4 +283,6 @@ def evaluate(
         correct += (out.argmax(1) == y).sum()
         seen += len(y)
     model.train()
-    return loss_sum.item() / max(seen, 1), correct.item() / max(seen, 1)
+    if seen == 0:
+        return None, None
+    return loss_sum.item() / seen, correct.item() / seen

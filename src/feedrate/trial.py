@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
+
 from feedrate.files import atomic_write_text
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
@@ -60,6 +62,22 @@ def _shm_names() -> set[str]:
         return set()
 
 
+def _descendants(pid: int) -> set[int]:
+    try:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def _remove_shm_of(pids: set[int]) -> None:
+    """Remove the /dev/shm segments PyTorch created for these processes (``torch_<pid>_*``),
+    and only those: other jobs on the host keep theirs."""
+    prefixes = tuple(f"torch_{pid}_" for pid in pids)
+    for name in _shm_names():
+        if name.startswith(prefixes):
+            (_SHM / name).unlink(missing_ok=True)
+
+
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -81,7 +99,10 @@ def _error_line(log_text: str) -> str:
 
 def _reason(returncode: int, log_text: str) -> str:
     if returncode < 0:
-        sig = signal.Signals(-returncode).name
+        try:
+            sig = signal.Signals(-returncode).name
+        except ValueError:  # a real-time signal has no name
+            sig = f"signal {-returncode}"
         hint = " (the OOM killer sends SIGKILL: out of memory?)" if sig == "SIGKILL" else ""
         return f"killed by {sig}{hint}"
     return f"exit status {returncode}: {_error_line(log_text)}"
@@ -98,25 +119,30 @@ def run_trial(
     job_dir = Path(job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(script), *overrides, f"hydra.run.dir={job_dir}"]
-    shm_before = _shm_names()
     t0 = time.perf_counter()
+    pids: set[int] = set()
     with open(job_dir / "trial.log", "wb") as log_file:
         proc = subprocess.Popen(
             cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
+        pids.add(proc.pid)
+        timed_out = False
         try:
-            returncode = proc.wait(timeout=timeout_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-            returncode = proc.wait()
-            timed_out = True
+            while True:  # poll, to learn the pids of the trial's workers while they live
+                try:
+                    returncode = proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    pids |= _descendants(proc.pid)
+                    if time.perf_counter() - t0 > timeout_s:
+                        _kill_group(proc.pid)
+                        returncode = proc.wait()
+                        timed_out = True
+                        break
         finally:
             _kill_group(proc.pid)  # workers orphaned by a crashed main process
     duration = time.perf_counter() - t0
-    for name in _shm_names() - shm_before:
-        if name.startswith("torch_"):
-            (_SHM / name).unlink(missing_ok=True)
+    _remove_shm_of(pids)
 
     result = TrialResult(list(overrides), FAILED, duration_s=duration, job_dir=str(job_dir))
     log_text = (job_dir / "trial.log").read_text(errors="replace")
