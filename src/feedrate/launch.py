@@ -138,9 +138,9 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     with ResourceMonitor() as monitor:
         created = time.perf_counter()
         loader = build_loader(train_set, loader_args, cfg.trainer.seed, cfg.trainer.stream)
-        to_device = make_input_transform(hw, sample.shape[0])
+        normalise = make_input_transform(hw, sample.shape[0])
         try:
-            result = train(model, loader, optimizer, hw, cfg.trainer, monitor, created, to_device)
+            result = train(model, loader, optimizer, hw, cfg.trainer, monitor, created, normalise)
         except Exception as exc:
             monitor.sample()
             context = Context(
@@ -169,7 +169,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
             "persistent_workers": False,
         }
         val_loader = build_loader(GuardedDataset(val_set, on_error), eval_args, cfg.trainer.seed)
-        val_loss, val_accuracy = evaluate(model, val_loader, hw, to_device)
+        val_loss, val_accuracy = evaluate(model, val_loader, hw, normalise)
         del val_loader
     metrics = summarise(
         result.times,
