@@ -196,7 +196,7 @@ class SweepConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
     finalists: int = 2  # best candidates re-measured against the baselines
     final_rounds: int = 2  # alternating re-measurements of each finalist and baseline
-    final_seconds: float = 5.0  # measured window of each final run (longer than the search's)
+    final_seconds: float = 4.0  # measured window of each final run (longer than the search's)
     write_preset: bool = True
 
 
