@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -15,7 +17,7 @@ import feedrate
 from feedrate.dataset import ensure_photos
 from feedrate.faults import LoaderFailure, SampleError
 
-from .conftest import run_cli, shrink
+from .conftest import ROOT, run_cli, shrink
 
 
 class Exploding(Dataset):
@@ -130,3 +132,55 @@ def test_cli_names_the_sample_and_exits_2_without_a_traceback(tmp_path):
     out = proc.stdout + proc.stderr
     assert "sample 5 could not be loaded: ValueError: bad record header" in out
     assert "Traceback" not in out
+
+
+def _unshare_works() -> bool:
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+        capture_output=True,
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or not _unshare_works(),
+    reason="needs root to mount a small /dev/shm in a private mount namespace",
+)
+@pytest.mark.parametrize(
+    ("image_size", "expected"),
+    [
+        # 2 workers x prefetch 2 x 16 x 150 KB = 9.6 MB: refused before any worker starts
+        (224, "insufficient shared memory (predicted before starting any worker"),
+        # 3 MB predicted fits the 4 MB, but segments pile up at run time: the bus error or
+        # "No space left on device" from inside PyTorch is named all the same
+        (128, "insufficient shared memory (workers pass batches through /dev/shm, 4 MB"),
+    ],
+)
+def test_small_shared_memory_is_named(tmp_path, image_size, expected):
+    # Docker's default /dev/shm is 64 MB; here 4 MB.
+    args = " ".join(
+        shrink(
+            [
+                f"dataset.image_size={image_size}",
+                "loader.num_workers=2",
+                f"hydra.run.dir={tmp_path}",
+            ]
+        )
+    )
+    proc = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f"mount -t tmpfs -o size=4m tmpfs /dev/shm && {sys.executable} train.py {args}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-2000:]
+    assert expected in out
+    assert "--shm-size" in out and "Traceback" not in out

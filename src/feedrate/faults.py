@@ -107,15 +107,7 @@ def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
     if re.search(r"Bus error|insufficient shared memory|No space left on device", text) and (
         "shm" in text or "shared memory" in text or "Bus error" in text
     ):
-        need = ctx.num_workers * (ctx.prefetch_factor or 2) * ctx.batch_bytes
-        shm = psutil.disk_usage("/dev/shm") if _has_shm() else None
-        size = f"{_mb(shm.total)}, {_mb(shm.free)} free" if shm else "unknown size"
-        return LoaderFailure(
-            "insufficient shared memory: workers pass batches through /dev/shm"
-            f" ({size}); {ctx.num_workers} workers x prefetch {ctx.prefetch_factor or 2} x"
-            f" {_mb(ctx.batch_bytes)} per batch need about {_mb(need)}. In Docker, run with"
-            " --shm-size=8g or --ipc=host; or lower loader.num_workers / loader.prefetch_factor"
-        )
+        return LoaderFailure(shm_message(ctx))
     if "Too many open files" in text or "received 0 items of ancdata" in text:
         return LoaderFailure(
             "too many open files: under PyTorch's file_descriptor sharing strategy every"
@@ -136,6 +128,32 @@ def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
             " training loop, as feedrate does), or use loader.multiprocessing_context=spawn"
         )
     return None
+
+
+def shm_needed(ctx: Context) -> int:
+    """Bytes of /dev/shm the batches in flight take: workers x prefetch x batch."""
+    return ctx.num_workers * (ctx.prefetch_factor or 2) * ctx.batch_bytes if ctx.num_workers else 0
+
+
+def shm_message(ctx: Context, predicted: bool = False) -> str:
+    shm = psutil.disk_usage("/dev/shm") if _has_shm() else None
+    size = f"{_mb(shm.total)}, {_mb(shm.free)} free" if shm else "unknown size"
+    when = "predicted before starting any worker: " if predicted else ""
+    return (
+        f"insufficient shared memory ({when}workers pass batches through /dev/shm, {size}):"
+        f" {ctx.num_workers} workers x prefetch {ctx.prefetch_factor or 2} x"
+        f" {_mb(ctx.batch_bytes)} per batch need about {_mb(shm_needed(ctx))}. In Docker, run"
+        " with --shm-size=8g or --ipc=host; or lower loader.num_workers, loader.prefetch_factor"
+        " or loader.batch_size"
+    )
+
+
+def check_shm(ctx: Context) -> None:
+    """Refuse a loader whose batches in flight cannot fit in the free /dev/shm."""
+    if not ctx.num_workers or not _has_shm():
+        return
+    if shm_needed(ctx) > psutil.disk_usage("/dev/shm").free:
+        raise LoaderFailure(shm_message(ctx, predicted=True))
 
 
 def _has_shm() -> bool:

@@ -29,7 +29,7 @@ from feedrate import hardware
 from feedrate.checks import validate
 from feedrate.dataset import num_classes
 from feedrate.errors import DatasetError, FeedrateError
-from feedrate.faults import Context, GuardedDataset, diagnose
+from feedrate.faults import Context, GuardedDataset, check_shm, diagnose
 from feedrate.files import atomic_write_text, save_checkpoint
 from feedrate.loader import build_loader, loader_kwargs, skipped_samples
 from feedrate.metrics import ResourceMonitor, format_summary, summarise
@@ -135,6 +135,15 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         sample.dtype,
         loader_args,
     )
+    context = Context(
+        num_workers=cfg.loader.num_workers,
+        prefetch_factor=cfg.loader.prefetch_factor,
+        batch_bytes=cfg.loader.batch_size * sample.element_size() * sample.nelement(),
+        peak_pss_mb=0.0,
+        timeout_s=cfg.loader.timeout,
+        start_method=loader_args.get("multiprocessing_context") or "none",
+    )
+    check_shm(context)
     with ResourceMonitor() as monitor:
         created = time.perf_counter()
         loader = build_loader(train_set, loader_args, cfg.trainer.seed, cfg.trainer.stream)
@@ -143,14 +152,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
             result = train(model, loader, optimizer, hw, cfg.trainer, monitor, created, normalise)
         except Exception as exc:
             monitor.sample()
-            context = Context(
-                num_workers=cfg.loader.num_workers,
-                prefetch_factor=cfg.loader.prefetch_factor,
-                batch_bytes=cfg.loader.batch_size * sample.element_size() * sample.nelement(),
-                peak_pss_mb=monitor.peaks.pss_bytes / 2**20,
-                timeout_s=cfg.loader.timeout,
-                start_method=loader_args.get("multiprocessing_context") or "none",
-            )
+            context.peak_pss_mb = monitor.peaks.pss_bytes / 2**20
             named = diagnose(exc, context)
             if named is None:
                 raise
