@@ -184,3 +184,36 @@ def test_small_shared_memory_is_named(tmp_path, image_size, expected):
     assert proc.returncode == 2, out[-2000:]
     assert expected in out
     assert "--shm-size" in out and "Traceback" not in out
+
+
+def test_too_many_open_files_is_named_with_the_limit(tmp_path):
+    import resource
+
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            *shrink(
+                [
+                    "dataset.n_samples=2048",
+                    "dataset.image_size=16",
+                    "loader.batch_size=4",
+                    "trainer.max_steps=200",
+                    "loader.num_workers=8",
+                    "loader.prefetch_factor=8",
+                ]
+            ),
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=low_limit,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "too many open files (the limit is 48)" in proc.stdout
+    assert "ulimit -n" in proc.stdout

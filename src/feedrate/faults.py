@@ -10,6 +10,7 @@ name itself (index and file), and implements ``dataset.on_error: raise | skip``.
 from __future__ import annotations
 
 import re
+import resource
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,9 +110,11 @@ def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
     ):
         return LoaderFailure(shm_message(ctx))
     if "Too many open files" in text or "received 0 items of ancdata" in text:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         return LoaderFailure(
-            "too many open files: under PyTorch's file_descriptor sharing strategy every"
-            " batch in flight holds file descriptors. Raise the limit (ulimit -n 65536) or"
+            f"too many open files (the limit is {soft}): under PyTorch's file_descriptor"
+            " sharing strategy every batch in flight holds file descriptors. Raise the limit"
+            " (ulimit -n 65536) or"
             " lower loader.num_workers / loader.prefetch_factor"
         )
     if re.search(r"DataLoader timed out after", text):
