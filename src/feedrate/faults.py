@@ -18,6 +18,7 @@ import psutil
 from torch.utils.data import Dataset, Subset
 
 from feedrate.errors import DatasetError, FeedrateError
+from feedrate.hardware import shm_bytes
 
 
 class SampleError(FeedrateError):
@@ -81,7 +82,6 @@ class Context:
     batch_bytes: int
     peak_pss_mb: float
     timeout_s: float
-    start_method: str
 
 
 def _mb(x: float) -> str:
@@ -139,8 +139,8 @@ def shm_needed(ctx: Context) -> int:
 
 
 def shm_message(ctx: Context, predicted: bool = False) -> str:
-    shm = psutil.disk_usage("/dev/shm") if _has_shm() else None
-    size = f"{_mb(shm.total)}, {_mb(shm.free)} free" if shm else "unknown size"
+    shm = shm_bytes()
+    size = f"{_mb(shm[0])}, {_mb(shm[0] - shm[1])} free" if shm else "unknown size"
     when = "predicted before starting any worker: " if predicted else ""
     return (
         f"insufficient shared memory ({when}workers pass batches through /dev/shm, {size}):"
@@ -153,15 +153,8 @@ def shm_message(ctx: Context, predicted: bool = False) -> str:
 
 def check_shm(ctx: Context) -> None:
     """Refuse a loader whose batches in flight cannot fit in the free /dev/shm."""
-    if not ctx.num_workers or not _has_shm():
+    shm = shm_bytes()
+    if not ctx.num_workers or shm is None:
         return
-    if shm_needed(ctx) > psutil.disk_usage("/dev/shm").free:
+    if shm_needed(ctx) > shm[0] - shm[1]:
         raise LoaderFailure(shm_message(ctx, predicted=True))
-
-
-def _has_shm() -> bool:
-    try:
-        psutil.disk_usage("/dev/shm")
-        return True
-    except OSError:
-        return False

@@ -141,7 +141,6 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         batch_bytes=cfg.loader.batch_size * sample.element_size() * sample.nelement(),
         peak_pss_mb=0.0,
         timeout_s=cfg.loader.timeout,
-        start_method=loader_args.get("multiprocessing_context") or "none",
     )
     check_shm(context)
     with ResourceMonitor() as monitor:

@@ -105,7 +105,6 @@ class Contestant:
     name: str  # "recipe", "default", "trial 7", ...
     overrides: list[str]
     is_baseline: bool
-    search_value: float | None = None
     results: list[TrialResult] = field(default_factory=list)
 
     @property
@@ -366,7 +365,7 @@ class LoaderSweep(Callback):
                 continue
             seen.add(key)
             params = [f"{k}={v}" for k, v in t.params.items()]
-            contestants.append(Contestant(f"trial {t.number}", [*args, *params], False, t.value))
+            contestants.append(Contestant(f"trial {t.number}", [*args, *params], False))
             if len(seen) >= config.sweep.finalists:
                 break
         return contestants
