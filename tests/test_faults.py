@@ -147,26 +147,31 @@ def _unshare_works() -> bool:
     reason="needs root to mount a small /dev/shm in a private mount namespace",
 )
 @pytest.mark.parametrize(
-    ("image_size", "expected"),
+    ("overrides", "expected"),
     [
         # 2 workers x prefetch 2 x 16 x 150 KB = 9.6 MB: refused before any worker starts
-        (224, "insufficient shared memory (predicted before starting any worker"),
-        # 3 MB predicted fits the 4 MB, but segments pile up at run time: the bus error or
-        # "No space left on device" from inside PyTorch is named all the same
-        (128, "insufficient shared memory (workers pass batches through /dev/shm, 4 MB"),
+        (
+            ["dataset.image_size=224", "loader.num_workers=2"],
+            "insufficient shared memory (predicted before starting any worker",
+        ),
+        # 1 worker x prefetch 1 x 48 x 49 KB = 2.4 MB predicted fits the 4 MB, but the batch the
+        # main process holds and the one it receives are both in /dev/shm at that moment
+        # (4.7 MB): the bus error or "No space left on device" from inside PyTorch is named all
+        # the same
+        (
+            [
+                "dataset.image_size=128",
+                "loader.num_workers=1",
+                "loader.prefetch_factor=1",
+                "loader.batch_size=48",
+            ],
+            "insufficient shared memory (workers pass batches through /dev/shm, 4 MB",
+        ),
     ],
 )
-def test_small_shared_memory_is_named(tmp_path, image_size, expected):
+def test_small_shared_memory_is_named(tmp_path, overrides, expected):
     # Docker's default /dev/shm is 64 MB; here 4 MB.
-    args = " ".join(
-        shrink(
-            [
-                f"dataset.image_size={image_size}",
-                "loader.num_workers=2",
-                f"hydra.run.dir={tmp_path}",
-            ]
-        )
-    )
+    args = " ".join(shrink([*overrides, f"hydra.run.dir={tmp_path}"]))
     proc = subprocess.run(
         [
             "unshare",
