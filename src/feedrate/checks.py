@@ -101,7 +101,7 @@ def _dataset_problems(dataset: DictConfig) -> Iterable[str]:
 def _trainer_problems(trainer: DictConfig) -> Iterable[str]:
     if trainer.max_steps is None and trainer.epochs is None:
         yield "trainer.max_steps and trainer.epochs are both null: set at least one"
-    for key in ("max_steps", "epochs", "window_steps"):
+    for key in ("max_steps", "epochs", "window_steps", "checkpoint_every"):
         v = trainer[key]
         if v is not None and v < 1:
             yield f"trainer.{key}={v} must be at least 1"
@@ -117,6 +117,11 @@ def _trainer_problems(trainer: DictConfig) -> Iterable[str]:
         )
     if trainer.max_seconds is not None and trainer.max_seconds <= 0:
         yield f"trainer.max_seconds={trainer.max_seconds} must be positive, or null"
+    if trainer.resume and not trainer.save_checkpoint:
+        yield (
+            "trainer.resume=true with trainer.save_checkpoint=false would continue a run and"
+            " then drop its state: set trainer.save_checkpoint=true"
+        )
     if trainer.lr <= 0:
         yield f"trainer.lr={trainer.lr} must be positive"
     if not 0 <= trainer.val_fraction < 1:

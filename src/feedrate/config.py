@@ -173,8 +173,10 @@ class TrainerConfig:
     seed: int = 0
     # Share of the dataset held out (never trained on) for val_loss / val_accuracy; 0: none.
     val_fraction: float = 0.0
-    checkpoint_dir: str = "checkpoints"
+    checkpoint_dir: str = "checkpoints"  # inside the run's output dir
     save_checkpoint: bool = True
+    checkpoint_every: int | None = 100  # steps; null: only at the end (and on Ctrl-C)
+    resume: bool = False  # continue from <run dir>/<checkpoint_dir>/last.pt
     progress: bool = True
     measure: Measure = Measure.train
     # Stream samples without epoch ends (a sampler that reshuffles forever): the steady state

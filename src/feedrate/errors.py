@@ -13,3 +13,9 @@ class ConfigError(FeedrateError):
 
 class DatasetError(FeedrateError):
     """A dataset that cannot be built or used as configured."""
+
+
+class Interrupted(FeedrateError):
+    """The user pressed Ctrl-C: the run stopped cleanly at a step boundary."""
+
+    exit_code = 130

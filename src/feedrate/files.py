@@ -27,6 +27,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, _mode(path))  # mkstemp makes 0600; a written file reads like any other
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -35,6 +36,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
             pass
         raise
     return path
+
+
+def _mode(path: Path) -> int:
+    """The mode ``path`` has, or the one a new file gets under this process's umask."""
+    try:
+        return path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

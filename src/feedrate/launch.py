@@ -5,11 +5,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from datetime import datetime
@@ -25,16 +28,23 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import random_split
 
-from feedrate import hardware
+from feedrate import checkpoint, hardware
 from feedrate.checks import validate
 from feedrate.dataset import num_classes
-from feedrate.errors import DatasetError, FeedrateError
+from feedrate.errors import ConfigError, DatasetError, FeedrateError, Interrupted
 from feedrate.faults import Context, GuardedDataset, check_shm, diagnose
-from feedrate.files import atomic_write_text, save_checkpoint
+from feedrate.files import atomic_write_text
 from feedrate.loader import build_loader, loader_kwargs, skipped_samples
 from feedrate.metrics import ResourceMonitor, format_summary, summarise
 from feedrate.model import build_model
-from feedrate.trainer import build_optimizer, evaluate, make_input_transform, train
+from feedrate.trainer import (
+    Checkpoints,
+    build_optimizer,
+    evaluate,
+    make_input_transform,
+    planned_steps,
+    train,
+)
 
 log = logging.getLogger("feedrate")
 
@@ -98,6 +108,17 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     """Build, train and measure as ``cfg`` says; write metrics.json; return the metrics."""
     validate(cfg)
     out = _output_dir(output_dir)
+    ckpt_path = checkpoint.checkpoint_path(out, cfg.trainer)
+    saved = checkpoint.load(ckpt_path) if cfg.trainer.resume else None
+    if saved is not None and (out / "metrics.json").exists():
+        # The finished part's measurement stays beside the one this run will write.
+        os.replace(out / "metrics.json", out / f"metrics_until_step_{saved['step']}.json")
+    if saved is None and cfg.trainer.save_checkpoint and ckpt_path.exists():
+        raise ConfigError(
+            f"{ckpt_path} already holds a checkpoint: continue that run with"
+            " trainer.resume=true, or give this one its own hydra.run.dir (nothing was"
+            " overwritten)"
+        )
     data_path = cfg.dataset.get("root") or cfg.dataset.get("path")
     fingerprint = hardware.detect(data_path)
     log.info("hardware fingerprint: %s", fingerprint.short())
@@ -143,12 +164,42 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         timeout_s=cfg.loader.timeout,
     )
     check_shm(context)
-    with ResourceMonitor() as monitor:
+    loader = build_loader(train_set, loader_args, cfg.trainer.seed, cfg.trainer.stream)
+    resume = None
+    if saved is not None:
+        total = planned_steps(cfg.trainer, loader)
+        resume = checkpoint.restore(saved, ckpt_path, model, optimizer, total, loader.batch_size)
+        log.info("resuming from %s at step %d of %d", ckpt_path, resume.step, total)
+
+    batch_size = loader.batch_size
+
+    def save(position: checkpoint.Position) -> Path:
+        return checkpoint.save(ckpt_path, model, optimizer, position, cfg, batch_size)
+
+    checkpoints = Checkpoints(
+        save=save if cfg.trainer.save_checkpoint else None,
+        every=cfg.trainer.checkpoint_every,
+        interrupt=threading.Event(),
+        resume_hint=f"python train.py {' '.join(_overrides(out))} trainer.resume=true",
+    )
+    with ResourceMonitor() as monitor, _interrupts_set(checkpoints.interrupt):
         created = time.perf_counter()
-        loader = build_loader(train_set, loader_args, cfg.trainer.seed, cfg.trainer.stream)
         normalise = make_input_transform(hw, sample.shape[0])
         try:
-            result = train(model, loader, optimizer, hw, cfg.trainer, monitor, created, normalise)
+            result = train(
+                model,
+                loader,
+                optimizer,
+                hw,
+                cfg.trainer,
+                monitor,
+                created,
+                normalise,
+                resume,
+                checkpoints,
+            )
+        except Interrupted:
+            raise
         except Exception as exc:
             monitor.sample()
             context.peak_pss_mb = monitor.peaks.pss_bytes / 2**20
@@ -203,16 +254,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     metrics = _finite(metrics)
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     if cfg.trainer.save_checkpoint:
-        path = out / cfg.trainer.checkpoint_dir / "last.pt"
-        save_checkpoint(
-            path,
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "step": result.steps,
-                "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
-            },
-        )
+        save(result.position)
     log.info("summary (%s)\n%s", out / "metrics.json", format_summary(metrics))
     return metrics
 
@@ -227,10 +269,33 @@ def split(dataset, val_fraction: float, seed: int):
     return train_set, val_set
 
 
-def _overrides() -> list[str]:
-    if HydraConfig.initialized():
-        return list(HydraConfig.get().overrides.task)
-    return []
+def _overrides(out: Path | None = None) -> list[str]:
+    """The command line's overrides; with ``out``, also the run dir that resuming needs."""
+    found = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    if out is not None:
+        found = [o for o in found if not o.startswith(("hydra.run.dir=", "trainer.resume="))]
+        found.insert(0, f"hydra.run.dir={out}")
+    return found
+
+
+@contextlib.contextmanager
+def _interrupts_set(event: threading.Event):
+    """While training, the first Ctrl-C sets ``event`` (the loop saves and stops after the
+    step it is in); a second one interrupts at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread; Ctrl-C then acts as usual
+        return
+
+    def handler(signum, frame):
+        event.set()
+        log.warning("Ctrl-C: stopping after this step (press it again to stop at once)")
+        signal.signal(signal.SIGINT, previous)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _finite(obj):
@@ -254,4 +319,7 @@ def main(cfg: DictConfig) -> float:
     except FeedrateError as exc:
         log.error("%s", exc)
         sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        log.error("interrupted (Ctrl-C twice): stopped at once; the last checkpoint is kept")
+        sys.exit(130)
     return metrics[cfg.objective]

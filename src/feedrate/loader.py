@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import signal
 import warnings
+from collections.abc import Iterator, Sized
 
 import torch
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset, RandomSampler, get_worker_info
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    get_worker_info,
+)
 from torch.utils.data._utils.collate import default_collate
 
 from feedrate.checks import check_picklable, start_method
@@ -106,6 +116,41 @@ def build_loader(dataset: Dataset, kwargs: dict, seed: int, stream: bool = False
         )
     generator = torch.Generator().manual_seed(seed)
     if stream:  # reshuffle forever: no epoch end while measuring (trainer.stream)
-        sampler = RandomSampler(dataset, num_samples=len(dataset) * 10_000, generator=generator)
-        kwargs = {**kwargs, "shuffle": False, "sampler": sampler}
-    return DataLoader(dataset, generator=generator, collate_fn=CountingCollate(workers), **kwargs)
+        order = RandomSampler(dataset, num_samples=len(dataset) * 10_000, generator=generator)
+    elif kwargs["shuffle"]:  # what DataLoader(shuffle=True, generator=...) would build
+        order = RandomSampler(dataset, generator=generator)
+    else:
+        order = SequentialSampler(dataset)
+    kwargs = {**kwargs, "shuffle": False, "sampler": ResumableSampler(order)}
+    return DataLoader(
+        dataset,
+        generator=generator,
+        collate_fn=CountingCollate(workers),
+        worker_init_fn=_ignore_interrupts if workers > 0 else None,
+        **kwargs,
+    )
+
+
+class ResumableSampler(Sampler[int]):
+    """``order``, whose next pass can start ``skip`` indices in (to resume mid-epoch).
+
+    The indices skipped are never loaded: the pass draws the same order (from the loader's
+    generator, restored by the caller) and drops its head.
+    """
+
+    def __init__(self, order: Sampler[int]) -> None:
+        self.order = order
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self.skip = self.skip, 0
+        return itertools.islice(iter(self.order), skip, None)
+
+    def __len__(self) -> int:
+        assert isinstance(self.order, Sized)
+        return len(self.order)
+
+
+def _ignore_interrupts(worker_id: int) -> None:
+    """Workers ignore Ctrl-C: the main process finishes its step, saves, and ends them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

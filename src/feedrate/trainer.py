@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
@@ -12,8 +14,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from feedrate.checkpoint import Position
 from feedrate.config import Measure, Optimizer
-from feedrate.errors import ConfigError, DatasetError
+from feedrate.errors import ConfigError, DatasetError, Interrupted
 from feedrate.hardware import Hardware
 from feedrate.loader import produced_samples
 from feedrate.metrics import ResourceMonitor, StepTimes
@@ -74,6 +77,21 @@ class TrainResult:
     epochs_started: int
     final_loss: float
     train_accuracy: float
+    position: Position  # where training stopped: what the final checkpoint records
+
+
+@dataclass
+class Checkpoints:
+    """Saving during training: every ``every`` steps, and at once when ``interrupt`` is set.
+
+    ``save`` writes the state at a position and returns the file; None: nothing is saved
+    (``trainer.save_checkpoint=false``). ``resume_hint`` is the command that continues.
+    """
+
+    save: Callable[[Position], Path] | None
+    every: int | None
+    interrupt: threading.Event
+    resume_hint: str = ""
 
 
 def planned_steps(cfg: DictConfig, loader: DataLoader) -> int:
@@ -108,8 +126,15 @@ def train(
     monitor: ResourceMonitor,
     loader_created_at: float,
     normalise: Callable[..., torch.Tensor],
+    resume: Position | None = None,
+    checkpoints: Checkpoints | None = None,
 ) -> TrainResult:
     """Train for ``planned_steps``; time every step after warm-up.
+
+    From ``resume`` (a checkpoint's position), training goes on where it stopped: the same
+    epoch, the next sample of the same order; warm-up and measurement start again there.
+    ``checkpoints`` says when to save; an interrupt (Ctrl-C) ends the run after the current
+    step with the state saved.
 
     The device runs asynchronously, so it is synchronised only at window ends: per-step times
     are host-side, and their sum over the measured phase equals its wall time. The time spent in
@@ -121,10 +146,15 @@ def train(
     truth; when the loader keeps ahead, the queue stays full and the two agree.
     """
     total = planned_steps(cfg, loader)
+    start = resume.step if resume is not None else 0
+    # Steps before measuring: enough to rebuild the pipeline, and at least one measured step.
+    warmup = min(cfg.warmup_steps, total - start - 1)
     measure = Measure(getattr(cfg.measure, "value", cfg.measure))
     resident: tuple[torch.Tensor, torch.Tensor] | None = None
     produced_at_start = None
     scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
+    if resume is not None and resume.scaler:
+        scaler.load_state_dict(resume.scaler)
     times = StepTimes()
     loss_sum = torch.zeros((), device=hw.device)
     correct = torch.zeros((), device=hw.device, dtype=torch.long)
@@ -132,7 +162,7 @@ def train(
     final_loss = train_acc = float("nan")
     first_batch_s = float("nan")
     restarts: list[float] = []
-    step = epoch = 0
+    step, epoch = start, resume.epoch if resume is not None else 0
     measure_start = window_start = 0.0
     window_samples = window_steps = 0
     window_wait = 0.0
@@ -140,13 +170,38 @@ def train(
     # restarting) count as time spent waiting for data, and step times add up to wall time.
     t_prev_end: float | None = None
     model.train()
-    bar = tqdm(total=total, unit="step", desc="train", disable=not cfg.progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=total,
+        initial=start,
+        unit="step",
+        desc="train",
+        disable=not cfg.progress,
+        dynamic_ncols=True,
+    )
+    first_epoch = True
     done = False
+    per_batch = getattr(loader, "batch_size", None) or 0  # samples the sampler hands a batch
+    epoch_samples = 0
+
+    def position() -> Position:
+        return Position(step, epoch, epoch_samples, epoch_generator, scaler.state_dict())
+
+    if warmup == 0:  # resumed one step before the end: measure that step
+        monitor.start_cpu_window()
+        measure_start = window_start = time.perf_counter()
     while not done:
-        t_iter = loader_created_at if epoch == 0 else time.perf_counter()
+        t_iter = loader_created_at if first_epoch else time.perf_counter()
+        batches_this_epoch = epoch_samples = 0
+        if first_epoch and resume is not None and resume.epoch_generator is not None:
+            # The same shuffle as the interrupted epoch, without the samples already trained on
+            loader.generator.set_state(resume.epoch_generator)
+            loader.sampler.skip = epoch_samples = resume.epoch_samples
+        resumed_into = epoch_samples  # samples of this epoch trained before a resume
+        # The shuffle's source; a loader built elsewhere may have none (then no position).
+        generator = getattr(loader, "generator", None)
+        epoch_generator = generator.get_state() if generator is not None else None
         batches = iter(loader)
         first = True
-        batches_this_epoch = 0
         while True:
             t0 = t_prev_end if t_prev_end is not None else time.perf_counter()
             if resident is not None:  # measure=compute: the same batch, already on the device
@@ -157,12 +212,13 @@ def train(
                 except StopIteration:
                     break
                 batches_this_epoch += 1
+                epoch_samples += per_batch
                 if batch is None:  # dataset.on_error=skip dropped every sample of it
                     continue
                 x, y = batch
             t1 = time.perf_counter()
             if first:
-                if epoch == 0:
+                if first_epoch:
                     first_batch_s = t1 - t_iter
                 else:
                     restarts.append(t1 - t_iter)
@@ -189,7 +245,7 @@ def train(
             window_seen += len(y)
             step += 1
 
-            measured_step = step - cfg.warmup_steps
+            measured_step = step - start - warmup
             window_end = measured_step > 0 and (
                 measured_step % cfg.window_steps == 0 or step == total
             )
@@ -246,14 +302,37 @@ def train(
             bar.update(1)
             if step >= total or done:
                 done = True
+                stopped_at = position()
                 break
-        if not done and batches_this_epoch == 0:
+            if checkpoints is not None:
+                interrupted = checkpoints.interrupt.is_set()
+                due = checkpoints.every is not None and step % checkpoints.every == 0
+                if checkpoints.save is not None and (due or interrupted):
+                    t_save = time.perf_counter()
+                    path = checkpoints.save(position())
+                    # Saving is not loading: keep its time out of the measurement.
+                    pause = time.perf_counter() - t_save
+                    measure_start += pause
+                    window_start += pause
+                    if t_prev_end is not None:
+                        t_prev_end += pause
+                if interrupted:
+                    bar.close()
+                    saved = (
+                        f"the state after step {step} is saved in {path}; continue with:"
+                        f" {checkpoints.resume_hint}"
+                        if checkpoints.save is not None
+                        else "nothing was saved (trainer.save_checkpoint=false)"
+                    )
+                    raise Interrupted(f"interrupted (Ctrl-C) at step {step} of {total}: {saved}")
+        if not done and batches_this_epoch == 0 and not resumed_into:
             raise DatasetError(
                 "an epoch yielded no batch at all (every sample failed and"
                 " dataset.on_error=skip dropped it): fix the dataset, or set"
                 " dataset.on_error=raise to see the first failure"
             )
         epoch += 1
+        first_epoch = False
     bar.close()
     monitor.end_cpu_window()
     return TrainResult(
@@ -264,6 +343,7 @@ def train(
         epochs_started=epoch,
         final_loss=final_loss,
         train_accuracy=train_acc,
+        position=stopped_at,
     )
 
 

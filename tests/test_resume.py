@@ -1,0 +1,140 @@
+"""Training state survives: a run killed or interrupted goes on from its last checkpoint, and
+ends where the uninterrupted run ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from .conftest import ROOT, run_cli, shrink
+
+# 60 steps of ~30 ms (16 samples x 4 ms simulated I/O over 2 workers): slow enough to stop
+# half-way, with a checkpoint every 5 steps. Samples are the same for the same index, so the
+# weights after 60 steps depend only on the order of samples and the steps taken.
+RUN = [
+    "dataset.io_latency_ms=4",
+    "loader.num_workers=2",
+    "trainer.max_steps=60",
+    "trainer.checkpoint_every=5",
+]
+
+
+def _state(run_dir):
+    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    proc = run_cli(*shrink([*RUN, f"hydra.run.dir={run_dir}"]))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return _state(run_dir)
+
+
+def _stop_after_a_checkpoint(run_dir, sig) -> tuple[subprocess.CompletedProcess, int]:
+    """Start the run, send ``sig`` to its process group (as a terminal or the OOM killer
+    would) once a checkpoint from step 20 on exists, inside the second epoch (16 batches an
+    epoch): resuming then needs that epoch's shuffle and its position in it."""
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *shrink([*RUN, f"hydra.run.dir={run_dir}"])],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if ckpt.exists() and torch.load(ckpt, weights_only=True)["step"] >= 20:
+            os.killpg(proc.pid, sig)
+            break
+        time.sleep(0.02)
+    out, _ = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, ""), proc.pid
+
+
+def _session_processes(sid: int) -> list[psutil.Process]:
+    alive = []
+    for p in psutil.process_iter():
+        try:
+            # dead but not yet reaped (zombies) hold nothing
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return alive
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
+def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, uninterrupted, sig):
+    stopped, sid = _stop_after_a_checkpoint(tmp_path, sig)
+    assert stopped.returncode in (-signal.SIGKILL, 130), stopped.stdout[-2000:]
+    assert not (tmp_path / "metrics.json").exists()  # the run never finished
+    at = _state(tmp_path)["step"]
+    assert 20 <= at < 60
+    if sig == signal.SIGINT:
+        # Ctrl-C: the step in progress finishes, the state is saved, the way on is printed
+        assert stopped.returncode == 130, stopped.stdout[-2000:]
+        assert f"interrupted (Ctrl-C) at step {at} of 60" in stopped.stdout
+        assert "trainer.resume=true" in stopped.stdout and "Traceback" not in stopped.stdout
+    time.sleep(0.5)
+    assert not _session_processes(sid), "workers outlived the run"
+
+    resumed = run_cli(*shrink([*RUN, f"hydra.run.dir={tmp_path}", "trainer.resume=true"]))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming from {tmp_path / 'checkpoints' / 'last.pt'} at step {at} of 60" in (
+        resumed.stderr + resumed.stdout
+    )
+    final = _state(tmp_path)
+    assert final["step"] == 60
+    # No step lost or repeated, samples in the same order: the same weights and momentum.
+    torch.testing.assert_close(final["model"], uninterrupted["model"])
+    torch.testing.assert_close(final["optimizer"], uninterrupted["optimizer"])
+
+
+def test_a_run_never_overwrites_another_runs_checkpoint(tmp_path):
+    first = run_cli(*shrink([f"hydra.run.dir={tmp_path}"]))
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = (tmp_path / "checkpoints" / "last.pt").read_bytes()
+    again = run_cli(*shrink([f"hydra.run.dir={tmp_path}"]))
+    assert again.returncode == 2
+    assert "already holds a checkpoint: continue that run with trainer.resume=true" in (
+        again.stderr + again.stdout
+    )
+    assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["trainer.resume=true"], "trainer.resume=true but there is no checkpoint at"),
+        (
+            ["trainer.checkpoint_dir=../elsewhere"],
+            "outside the run's output dir",
+        ),
+    ],
+)
+def test_resume_and_checkpoint_paths_are_checked(tmp_path, overrides, expected):
+    proc = run_cli(*shrink([f"hydra.run.dir={tmp_path / 'run'}", *overrides]))
+    assert proc.returncode == 2
+    assert expected in proc.stderr + proc.stdout
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_checkpoint_holding_code_is_refused(tmp_path):
+    # torch.load(weights_only=True) refuses pickled objects: a checkpoint is data.
+    ckpt = tmp_path / "checkpoints" / "last.pt"
+    ckpt.parent.mkdir(parents=True)
+    torch.save({"format": 1, "model": psutil.Process}, ckpt)
+    proc = run_cli(*shrink([f"hydra.run.dir={tmp_path}", "trainer.resume=true"]))
+    assert proc.returncode == 2
+    assert f"cannot resume from {ckpt}: UnpicklingError" in proc.stderr + proc.stdout
