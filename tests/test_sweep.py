@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -388,3 +390,109 @@ def test_every_trial_failing_exits_nonzero_and_keeps_the_preset(project):
     assert "every trial of the study failed" in proc.stdout
     assert "x failed: exit status 2: sample" in proc.stdout  # the reasons, counted
     assert preset.read_text() == before
+
+
+def _trial_states(project: Path, name: str) -> list[tuple[int, str]]:
+    (db,) = (project / "outputs" / "sweeps").glob(f"loader-{name}-*.db")
+    with sqlite3.connect(db) as con:
+        return con.execute("select number, state from trials order by number").fetchall()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
+def test_a_sweep_stopped_mid_trial_resumes_its_study(project, sig):
+    args = [
+        "dataset=synthetic",
+        "dataset.n_samples=500",
+        "dataset.image_size=16",
+        "dataset.io_latency_ms=4",
+        "sweep.write_preset=false",
+        "trainer.max_seconds=2",  # a trial lives 4 s or more: long enough to outlive the sweep
+    ]
+    sweep = subprocess.Popen(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "sweep=loader",
+            *TINY_SWEEP,
+            *args,
+            "sweep.preset_name=stopped",
+            "hydra.sweeper.n_trials=3",
+            f"hydra.sweep.dir={project}/multirun/0",
+        ],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    # Once trial 0 has finished, wait for trial 1's process, then stop the sweep: SIGKILL to
+    # the sweep alone (its trials run in their own session), or Ctrl-C as a terminal sends it.
+    lines = []
+    for line in sweep.stdout:
+        lines.append(line)
+        if "trial #0 " in line:
+            break
+    deadline = time.monotonic() + 60
+    while not (
+        trial := [
+            p
+            for p in psutil.Process(sweep.pid).children()
+            if "multirun/0/1" in " ".join(p.cmdline())
+        ]
+    ):
+        assert time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.1)
+    if sig == signal.SIGKILL:
+        sweep.kill()
+    else:
+        os.killpg(sweep.pid, signal.SIGINT)
+    # The trial's main process ends with the sweep, not seconds later when its run would end
+    gone, alive = psutil.wait_procs(trial, timeout=1.0)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], "the trial outlived it"
+    rest, _ = sweep.communicate(timeout=120)
+    out = "".join(lines) + rest
+    deadline = time.monotonic() + 15  # its DataLoader workers notice their parent is gone
+    while [p for p in _our_processes(project) if p.status() != psutil.STATUS_ZOMBIE]:
+        assert time.monotonic() < deadline, "a trial outlived the sweep that started it"
+        time.sleep(0.2)
+    if sig == signal.SIGINT:
+        assert sweep.returncode == 130, out[-3000:]
+        assert "interrupted (Ctrl-C): trial(s) 1 marked failed, 1 finished trials kept" in out
+        assert "Traceback" not in out
+        assert _trial_states(project, "stopped") == [(0, "COMPLETE"), (1, "FAIL")]
+    else:
+        assert _trial_states(project, "stopped") == [(0, "COMPLETE"), (1, "RUNNING")]
+
+    again = _sweep(project, *args, name="stopped", n_trials=1)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "2 earlier trials" in again.stdout
+    if sig == signal.SIGKILL:
+        assert "trial(s) 1 of study" in again.stdout and "left running" in again.stdout
+    assert _trial_states(project, "stopped") == [(0, "COMPLETE"), (1, "FAIL"), (2, "COMPLETE")]
+    rows = _rows(project / "multirun" / "1")
+    (interrupted,) = [r for r in rows if r["name"] == "trial 1"]
+    assert interrupted["status"] == "fail" and "interrupted" in interrupted["reason"]
+
+
+def test_one_study_runs_one_sweep_at_a_time(tmp_path):
+    from feedrate.study import lock
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    held = lock(url, "s")
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from feedrate.study import lock; lock({url!r}, 's')",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert probe.returncode != 0
+    assert f"the study s ({tmp_path / 'study.db'}) is in use by a sweep still running" in (
+        probe.stderr
+    )
+    assert f"pid {os.getpid()}" in probe.stderr
+    held.close()

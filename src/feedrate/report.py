@@ -85,6 +85,7 @@ def rows(study: optuna.Study, search: list[TrialResult], contestants, n_new: int
                 "name": f"trial {t.number}",
                 **params,
                 "status": t.state.name.lower(),
+                "reason": t.user_attrs.get("reason", ""),
                 "samples_per_sec": t.value,
             }
         )

@@ -31,8 +31,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from feedrate import hardware
 from feedrate.errors import ConfigError, FeedrateError
+from feedrate.files import atomic_write_text
 from feedrate.preset import PRESET_KEYS, check_writable, compose_back, preset_path, render
 from feedrate.preset import write_preset as write_preset_file
+from feedrate.study import fail_unfinished
+from feedrate.study import lock as lock_study
 from feedrate.trial import TrialResult, run_trial
 
 if TYPE_CHECKING:  # optuna takes a second to import; trial processes load this module too
@@ -285,12 +288,24 @@ class LoaderSweep(Callback):
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # feedrate logs what matters
         sweeper = config.hydra.sweeper
         direction = getattr(sweeper.direction, "name", sweeper.direction)
+        self._lock = lock_study(sweeper.storage, sweeper.study_name)  # held until exit
         study = optuna.create_study(
             study_name=sweeper.study_name,
             storage=sweeper.storage,
             direction=str(direction),
             load_if_exists=True,
         )
+        if self._lock is not None:  # we own the study: a running trial is a dead sweep's
+            stale = fail_unfinished(
+                study, "interrupted: the sweep running it stopped before the trial finished"
+            )
+            if stale:
+                log.warning(
+                    "trial(s) %s of study %s were left running by a sweep that stopped: marked"
+                    " failed; its finished trials are kept",
+                    ", ".join(map(str, stale)),
+                    sweeper.study_name,
+                )
         earlier = len(study.trials)
         if earlier == 0:
             # Seeds: the core count (what CPU-capped tuners pick) and far past it.
@@ -314,6 +329,13 @@ class LoaderSweep(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         try:
             self._finish(config)
+        except KeyboardInterrupt:
+            log.error(
+                "interrupted (Ctrl-C) during the final re-measurement: the study's trials are"
+                " kept and no preset was written. Run the same command with"
+                " hydra.sweeper.n_trials=0 to redo only the final phase"
+            )
+            sys.exit(130)
         except Exception as exc:  # noqa: BLE001 - see _fail
             _fail(exc)
 
@@ -334,8 +356,9 @@ class LoaderSweep(Callback):
         name = config.sweep.preset_name
         path = preset_path(_conf_dir(config), name)
         winner_result = next(r for r in decision.winner.results if r.ok)
-        (sweep_dir / "best_config.yaml").write_text(
-            (Path(winner_result.job_dir) / ".hydra" / "config.yaml").read_text()
+        atomic_write_text(
+            sweep_dir / "best_config.yaml",
+            (Path(winner_result.job_dir) / ".hydra" / "config.yaml").read_text(),
         )
         report.write_all(sweep_dir, config, study, search, contestants, decision)
         if config.sweep.write_preset:

@@ -8,6 +8,7 @@ shared-memory segments it left in ``/dev/shm`` are removed.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -78,6 +79,16 @@ def _remove_shm_of(pids: set[int]) -> None:
             (_SHM / name).unlink(missing_ok=True)
 
 
+def _die_with_parent() -> None:
+    """In the trial process (Linux): SIGKILL when the sweep that started it dies, so a killed
+    sweep leaves no trial running. Its DataLoader workers then see their parent gone and exit."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the sweep's own cleanup still kills the trial on Ctrl-C
+
+
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -123,7 +134,11 @@ def run_trial(
     pids: set[int] = set()
     with open(job_dir / "trial.log", "wb") as log_file:
         proc = subprocess.Popen(
-            cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         pids.add(proc.pid)
         timed_out = False
@@ -139,10 +154,10 @@ def run_trial(
                         returncode = proc.wait()
                         timed_out = True
                         break
-        finally:
+        finally:  # also on Ctrl-C in the sweep: nothing of the trial outlives it
             _kill_group(proc.pid)  # workers orphaned by a crashed main process
+            _remove_shm_of(pids)
     duration = time.perf_counter() - t0
-    _remove_shm_of(pids)
 
     result = TrialResult(list(overrides), FAILED, duration_s=duration, job_dir=str(job_dir))
     log_text = (job_dir / "trial.log").read_text(errors="replace")

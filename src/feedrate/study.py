@@ -1,0 +1,75 @@
+"""The sweep's Optuna study on disk: one sweep at a time, and no trial left "running".
+
+A sweep that is killed (or Ctrl-C'd) in the middle of a trial leaves that trial in the
+RUNNING state in its database, for ever: Optuna cannot know that nobody is running it. The
+next sweep of the same study holds the study's lock, so any RUNNING trial it finds belongs
+to a sweep that is gone: it is marked failed, with the reason, and the study goes on with its
+finished trials kept.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from feedrate.errors import ConfigError
+
+if TYPE_CHECKING:
+    import optuna
+
+log = logging.getLogger(__name__)
+
+REASON_KEY = "reason"
+
+
+def sqlite_path(storage: str | None) -> Path | None:
+    """The file of a ``sqlite:///`` storage URL; None for other storages."""
+    if storage and storage.startswith("sqlite:///"):
+        return Path(storage[len("sqlite:///") :])
+    return None
+
+
+def lock(storage: str | None, study_name: str) -> IO[str] | None:
+    """Hold the study's lock for the life of this process (returned file: keep it open).
+
+    Only for SQLite studies: a shared database (a cluster's) is used by several machines
+    at once, each running its own trials.
+    """
+    db = sqlite_path(storage)
+    if db is None:
+        return None
+    db.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(db.with_name(db.name + ".lock"), "a+")  # noqa: SIM115 - held until exit
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        owner = fh.read().strip() or "another process"
+        fh.close()
+        raise ConfigError(
+            f"the study {study_name} ({db}) is in use by a sweep still running ({owner}):"
+            " wait for it to end, or give this sweep its own sweep.preset_name"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"pid {os.getpid()}\n")
+    fh.flush()
+    return fh
+
+
+def fail_unfinished(study: optuna.Study, reason: str) -> list[int]:
+    """Mark the study's RUNNING trials failed with ``reason``; their numbers."""
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    # optuna 2.x names it set_trial_state; 3.x set_trial_state_values
+    set_state = getattr(storage, "set_trial_state", None) or storage.set_trial_state_values
+    marked = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        storage.set_trial_user_attr(trial._trial_id, REASON_KEY, reason)
+        set_state(trial._trial_id, TrialState.FAIL)
+        marked.append(trial.number)
+    return marked
