@@ -496,3 +496,40 @@ def test_one_study_runs_one_sweep_at_a_time(tmp_path):
     )
     assert f"pid {os.getpid()}" in probe.stderr
     held.close()
+
+
+@pytest.mark.parametrize(
+    ("second_noise", "expected"),
+    [
+        ([], "measured again: the first run was noisy (other processes kept 60%"),
+        (
+            ["other processes kept 40% of this run's cores busy while it was measured"],
+            "noisy twice: other processes kept 40%",
+        ),
+    ],
+)
+def test_a_noisy_trial_is_measured_again(tmp_path, monkeypatch, second_noise, expected):
+    import feedrate.trial as trial
+
+    runs = iter(
+        [
+            (900.0, ["other processes kept 60% of this run's cores busy while it was measured"]),
+            (400.0, second_noise),
+        ]
+    )
+
+    def fake_run_once(script, overrides, job_dir, timeout_s, objective):
+        value, noise = next(runs)
+        (Path(job_dir) / "trial.log").write_text(f"run at {value}\n")
+        result = TrialResult(
+            overrides, "ok", value=value, metrics={"noise": noise}, job_dir=str(job_dir)
+        )
+        result.save()
+        return result
+
+    monkeypatch.setattr(trial, "_run_once", fake_run_once)
+    result = run_trial("train.py", ["loader.num_workers=4"], tmp_path, 60)
+    assert result.value == 400.0 and expected in result.reason
+    assert TrialResult.load(tmp_path).reason == result.reason
+    assert (tmp_path / "noisy_run" / "trial.log").read_text() == "run at 900.0\n"
+    assert (tmp_path / "trial.log").read_text() == "run at 400.0\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -230,3 +231,28 @@ def test_a_loader_with_no_batch_is_refused(compose, tmp_path):
     cfg = compose("dataset.n_samples=10", "loader.drop_last=true")
     with pytest.raises(ConfigError, match="the loader yields no batch: 10 training samples"):
         feedrate.run(cfg, output_dir=tmp_path)
+
+
+@pytest.mark.slow
+def test_a_cpu_hog_during_the_measurement_is_flagged(tmp_path):
+    # Busy loops on every core of this machine while a run measures: its figures are noise.
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(max(2, len(os.sched_getaffinity(0))))
+    ]
+    try:
+        time.sleep(0.5)
+        proc = run_cli(
+            *shrink(
+                ["trainer.max_steps=60", "trainer.window_steps=10", f"hydra.run.dir={tmp_path}"]
+            )
+        )
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["other_cpu_frac"] > 0.25
+    assert any("other processes kept" in r for r in metrics["noise"])
+    assert "NOISY            other processes kept" in proc.stdout + proc.stderr

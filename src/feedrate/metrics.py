@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import statistics
 import threading
+import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -18,6 +19,7 @@ METRIC_NAMES = (
     "produced_samples_per_sec",
     "epoch_restart_s",
     "cpu_util",
+    "other_cpu_frac",
     "peak_shm_mb",
     "window_spread",
     "data_wait_frac",
@@ -33,6 +35,12 @@ METRIC_NAMES = (
 
 # Above this share of step time spent waiting for the next batch, the run is input-bound.
 INPUT_BOUND_WAIT_FRAC = 0.10
+
+# A measurement is flagged noisy (and a sweep trial measured again) when processes outside the
+# run kept more than this share of its cores busy. The windows' spread is no such evidence by
+# itself: short windows and the start-up backlog spread them on a quiet machine too. It is
+# reported, and the sweep's decision asks for a margin beyond it.
+NOISY_OTHER_CPU_FRAC = 0.25
 
 
 def _tree_memory(proc: psutil.Process) -> tuple[float, float, int]:
@@ -81,6 +89,13 @@ class ResourceMonitor:
         shm = shm_bytes()
         self._shm_base = shm[1] if shm else 0
         self.cpu_util: float | None = None
+        # Busy share of the run's cores spent by other processes (noise while measuring).
+        self.other_cpu_frac: float | None = None
+        try:
+            self._cpus = sorted(self._proc.cpu_affinity())
+        except (AttributeError, psutil.Error):  # no affinity on macOS
+            self._cpus = list(range(psutil.cpu_count() or 1))
+        self._cpu_start: tuple[float, float, float] | None = None
 
     def sample(self) -> None:
         pss, uss, count = _tree_memory(self._proc)
@@ -102,12 +117,42 @@ class ResourceMonitor:
         while not self._stop.wait(self.interval_s):
             self.sample()
 
+    def _cpu_clock(self) -> tuple[float, float, float]:
+        """(now, busy CPU-seconds of the run's cores, CPU-seconds of the run's processes)."""
+        per_cpu = psutil.cpu_times(percpu=True)
+        busy = 0.0
+        for i in self._cpus:
+            if i < len(per_cpu):
+                t = per_cpu[i]
+                busy += sum(t) - t.idle - getattr(t, "iowait", 0.0)
+                busy -= getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)  # in user
+        ours = 0.0
+        try:
+            t = self._proc.cpu_times()
+            ours = t.user + t.system + t.children_user + t.children_system  # + reaped workers
+            for child in self._proc.children(recursive=True):
+                try:
+                    c = child.cpu_times()
+                    ours += c.user + c.system
+                except psutil.Error:
+                    continue
+        except psutil.Error:
+            pass
+        return time.perf_counter(), busy, ours
+
     def start_cpu_window(self) -> None:
         self.sample()  # workers are up by now, even in a run shorter than the interval
-        psutil.cpu_percent(interval=None)  # system-wide busy share since this call
+        self._cpu_start = self._cpu_clock()
 
     def end_cpu_window(self) -> None:
-        self.cpu_util = psutil.cpu_percent(interval=None) / 100
+        if self._cpu_start is not None:
+            t1, busy1, ours1 = self._cpu_clock()
+            t0, busy0, ours0 = self._cpu_start
+            capacity = (t1 - t0) * len(self._cpus)
+            if capacity > 0:
+                busy = busy1 - busy0
+                self.cpu_util = min(1.0, busy / capacity)
+                self.other_cpu_frac = min(1.0, max(0.0, busy - (ours1 - ours0)) / capacity)
         self.sample()
 
     def __enter__(self) -> ResourceMonitor:
@@ -169,6 +214,16 @@ def verdict(data_wait_frac: float, cpu_util: float | None, device: str) -> tuple
     )
 
 
+def noise(other_cpu_frac: float | None) -> list[str]:
+    """Why a measurement should not be trusted as it stands; empty if it can be."""
+    if other_cpu_frac is not None and other_cpu_frac > NOISY_OTHER_CPU_FRAC:
+        return [
+            f"other processes kept {other_cpu_frac:.0%} of this run's cores busy while it was"
+            " measured"
+        ]
+    return []
+
+
 def summarise(
     times: StepTimes,
     first_batch_s: float,
@@ -210,6 +265,8 @@ def summarise(
         "measured_samples": times.samples,
         "measured_seconds": times.elapsed_s,
         "cpu_util": monitor.cpu_util,
+        "other_cpu_frac": monitor.other_cpu_frac,
+        "noise": noise(monitor.other_cpu_frac),
         "peak_pss_mb": monitor.peaks.pss_bytes * mb,
         "peak_uss_mb": monitor.peaks.uss_bytes * mb,
         "peak_main_pss_mb": monitor.peaks.main_pss_bytes * mb,
@@ -230,6 +287,8 @@ def format_summary(m: dict) -> str:
         f" (window spread {m['window_spread']:.0%})" if m.get("window_spread") is not None else ""
     )
     cpu = f"{m['cpu_util']:.0%}" if m.get("cpu_util") is not None else "?"
+    if m.get("other_cpu_frac") is not None:
+        cpu += f" ({m['other_cpu_frac']:.0%} by other processes)"
     val = (
         f"; held out: loss {m['val_loss']:.3f}, accuracy {m['val_accuracy']:.1%}"
         if m.get("val_accuracy") is not None
@@ -253,5 +312,13 @@ def format_summary(m: dict) -> str:
             )
             + val,
             f"verdict          {m['bound'].upper()}: {m['evidence']}",
+            *(
+                [
+                    f"NOISY            {'; '.join(m['noise'])}: compare figures only from a"
+                    " quiet machine, or take the median of several runs"
+                ]
+                if m.get("noise")
+                else []
+            ),
         ]
     )

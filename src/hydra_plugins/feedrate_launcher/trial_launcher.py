@@ -105,6 +105,8 @@ class FeedrateTrialLauncher(Launcher):
                     f"{wait:.0%}" if isinstance(wait, float) else "?",
                     self.best,
                 )
+                if result.reason:  # measured again, or doubtful: say so beside the figure
+                    log.warning("trial #%d: %s", idx, result.reason)
             else:
                 ret.status = JobStatus.FAILED
                 ret._return_value = TrialFailed(f"{result.status}: {result.reason}")
