@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -50,6 +51,22 @@ class Hangs(Exploding):
     def __getitem__(self, i):
         if get_worker_info() is not None:
             time.sleep(120)
+        return super().__getitem__(i % 5)
+
+
+class PythonRecords(Exploding):
+    """Per-sample metadata as a Python list of tuples, read by every sample: each worker that
+    reads it writes its reference counts, so the pages it shared with the main process become
+    its own copies (copy-on-read)."""
+
+    def __init__(self, n: int = 64, records: int = 2_000_000) -> None:
+        super().__init__(n)
+        self.records = [(i, f"img_{i:08d}.jpg") for i in range(records)]
+
+    def __getitem__(self, i):
+        if get_worker_info() is not None:
+            for _ in self.records[i % 7 :: 7]:  # every page of tuples, 1/7 of them
+                pass
         return super().__getitem__(i % 5)
 
 
@@ -222,3 +239,34 @@ def test_too_many_open_files_is_named_with_the_limit(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "too many open files (the limit is 48)" in proc.stdout
     assert "ulimit -n" in proc.stdout
+
+
+@pytest.mark.slow
+def test_copy_on_read_growth_is_stopped_by_the_memory_guard(tmp_path):
+    args = [
+        "dataset=custom",
+        "dataset._target_=tests.test_faults.PythonRecords",
+        "trainer.max_steps=400",
+        "trainer.warmup_steps=1",
+    ]
+    # What the run holds with no workers: the main process and its list.
+    alone = run_cli(*shrink([*args, "trainer.max_steps=10", f"hydra.run.dir={tmp_path / 'a'}"]))
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    base_gb = json.loads((tmp_path / "a" / "metrics.json").read_text())["peak_pss_mb"] / 1024
+    # 4 workers each copy the list's pages (~130 MB) as they read: far past base + 0.3 GB.
+    limit = round(base_gb + 0.3, 2)
+    proc = run_cli(
+        *shrink(
+            [
+                *args,
+                "loader.num_workers=4",
+                f"hardware.memory_limit_gb={limit}",
+                f"hydra.run.dir={tmp_path / 'b'}",
+            ]
+        )
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-2000:]
+    assert f"over the limit of {limit:.2f} GB (hardware.memory_limit_gb)" in out
+    assert "Its 4 workers hold" in out and "copy-on-read pattern" in out
+    assert "Traceback" not in out and not (tmp_path / "b" / "metrics.json").exists()

@@ -157,6 +157,9 @@ class HardwareConfig:
     pin_memory: bool | None = None
     torch_threads: int | None = None
     expect_gpu: str | None = None
+    # The memory guard stops a run whose processes (main + workers, PSS) pass this, before the
+    # OOM killer does; null: 90% of the memory available to the run when it starts.
+    memory_limit_gb: float | None = None
 
 
 @dataclass

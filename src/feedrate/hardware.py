@@ -78,6 +78,19 @@ def usable_cores() -> float:
     return cores
 
 
+def available_memory() -> int:
+    """Bytes this process could still allocate: RAM available, within any cgroup v2 limit."""
+    available = psutil.virtual_memory().available
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            available = min(available, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return available
+
+
 def is_rotational(path: str | os.PathLike | None) -> bool | None:
     """Whether the block device holding ``path`` is a spinning disk (None when unknown)."""
     if path is None:

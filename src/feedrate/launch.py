@@ -18,6 +18,7 @@ import traceback
 from datetime import datetime
 from pathlib import Path
 
+import psutil
 import torch
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -32,7 +33,7 @@ from feedrate import checkpoint, hardware
 from feedrate.checks import validate
 from feedrate.dataset import num_classes
 from feedrate.errors import ConfigError, DatasetError, FeedrateError, Interrupted
-from feedrate.faults import Context, GuardedDataset, check_shm, diagnose
+from feedrate.faults import Context, GuardedDataset, LoaderFailure, check_shm, diagnose
 from feedrate.files import atomic_write_text
 from feedrate.loader import build_loader, loader_kwargs, skipped_samples
 from feedrate.metrics import ResourceMonitor, format_summary, summarise
@@ -182,7 +183,15 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         interrupt=threading.Event(),
         resume_hint=f"python train.py {' '.join(_overrides(out))} trainer.resume=true",
     )
-    with ResourceMonitor() as monitor, _interrupts_set(checkpoints.interrupt):
+    limit_gb = cfg.hardware.memory_limit_gb
+    with (
+        ResourceMonitor(
+            limit_bytes=limit_gb * 2**30 if limit_gb else _default_memory_limit(),
+            explicit_limit=bool(limit_gb),
+            start_method=loader_args.get("multiprocessing_context"),
+        ) as monitor,
+        _interrupts_set(checkpoints.interrupt),
+    ):
         created = time.perf_counter()
         normalise = make_input_transform(hw, sample.shape[0])
         try:
@@ -201,6 +210,9 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         except Interrupted:
             raise
         except Exception as exc:
+            if monitor.tripped:  # the guard ended the workers: that is the cause
+                traceback.clear_frames(exc.__traceback__)
+                raise LoaderFailure(monitor.tripped) from exc
             monitor.sample()
             context.peak_pss_mb = monitor.peaks.pss_bytes / 2**20
             named = diagnose(exc, context)
@@ -257,6 +269,12 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         save(result.position)
     log.info("summary (%s)\n%s", out / "metrics.json", format_summary(metrics))
     return metrics
+
+
+def _default_memory_limit() -> float:
+    """90% of what the run may use: memory still available, plus what it already holds."""
+    held = psutil.Process().memory_full_info()
+    return 0.9 * (hardware.available_memory() + getattr(held, "pss", held.rss))
 
 
 def split(dataset, val_fraction: float, seed: int):

@@ -43,14 +43,15 @@ INPUT_BOUND_WAIT_FRAC = 0.10
 NOISY_OTHER_CPU_FRAC = 0.25
 
 
-def _tree_memory(proc: psutil.Process) -> tuple[float, float, int]:
-    """(PSS, USS, processes) of ``proc`` and its descendants, in bytes.
+def _tree_memory(proc: psutil.Process) -> tuple[float, float, int, dict[int, float]]:
+    """(PSS, USS, processes, {descendant pid: USS}) of ``proc`` and its descendants, in bytes.
 
     PSS splits shared pages between the processes that map them, so the sum over the tree is
     what the tree really costs; RSS would count the parent's pages once per forked worker.
     """
     pss = uss = 0.0
     count = 0
+    children: dict[int, float] = {}
     for p in [proc, *proc.children(recursive=True)]:
         try:
             info = p.memory_full_info()
@@ -59,7 +60,43 @@ def _tree_memory(proc: psutil.Process) -> tuple[float, float, int]:
         pss += getattr(info, "pss", info.rss)
         uss += getattr(info, "uss", info.rss)
         count += 1
-    return pss, uss, count
+        if p.pid != proc.pid:
+            children[p.pid] = getattr(info, "uss", info.rss)
+    return pss, uss, count, children
+
+
+def guard_message(
+    total: float, limit: float, worker_uss: list[float], explicit: bool, start_method: str | None
+) -> str:
+    """The memory guard's diagnosis: how far over, and what the workers hold of it."""
+    gb = 1 / 2**30
+    setting = (
+        "hardware.memory_limit_gb"
+        if explicit
+        else "90% of the memory available at the start; hardware.memory_limit_gb sets it"
+    )
+    text = (
+        f"memory guard: the run's processes reached {total * gb:.2f} GB (PSS), over the limit"
+        f" of {limit * gb:.2f} GB ({setting}); the run was stopped before the out-of-memory"
+        " killer could"
+    )
+    if not worker_uss or sum(worker_uss) < 0.25 * total:
+        return text + (
+            ". Use a smaller loader.batch_size, fewer loader.num_workers, or a smaller model"
+        )
+    each = f"Its {len(worker_uss)} workers hold {statistics.mean(worker_uss) * gb:.2f} GB"
+    if start_method == "fork":
+        return text + (
+            f". {each} of private memory each, though forked workers share the main process's"
+            " pages until they write them: the copy-on-read pattern of a dataset held in Python"
+            " objects (lists, dicts), whose pages every worker copies by merely reading them"
+            " (reference counts). Hold the data in numpy arrays or tensors (or use"
+            " dataset=memmap), or use fewer loader.num_workers"
+        )
+    return text + (
+        f". {each} of their own memory each: a {start_method} worker builds its own copy of"
+        " the dataset and imports torch anew. Use fewer loader.num_workers, or fork"
+    )
 
 
 @dataclass
@@ -80,9 +117,21 @@ class ResourceMonitor:
     start and end.
     """
 
-    def __init__(self, interval_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        interval_s: float = 2.0,
+        limit_bytes: float | None = None,
+        explicit_limit: bool = False,
+        start_method: str | None = None,
+    ) -> None:
         self.interval_s = interval_s
         self.peaks = ResourcePeaks()
+        # The memory guard: past ``limit_bytes`` (PSS of the tree), ``tripped`` says why and
+        # the training loop stops after its step; if it is stuck, workers are killed.
+        self.limit_bytes = limit_bytes
+        self.explicit_limit = explicit_limit
+        self.start_method = start_method
+        self.tripped: str | None = None
         self._proc = psutil.Process(os.getpid())
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="feedrate-monitor", daemon=True)
@@ -98,7 +147,15 @@ class ResourceMonitor:
         self._cpu_start: tuple[float, float, float] | None = None
 
     def sample(self) -> None:
-        pss, uss, count = _tree_memory(self._proc)
+        pss, uss, count, children = _tree_memory(self._proc)
+        if self.limit_bytes is not None and pss > self.limit_bytes and self.tripped is None:
+            self.tripped = guard_message(
+                pss,
+                self.limit_bytes,
+                list(children.values()),
+                self.explicit_limit,
+                self.start_method,
+            )
         try:
             main = self._proc.memory_full_info()
             main_pss = getattr(main, "pss", main.rss)
@@ -113,8 +170,20 @@ class ResourceMonitor:
         if shm:
             p.shm_bytes = max(p.shm_bytes, shm[1] - self._shm_base)
 
+    def _end_workers(self) -> None:
+        """SIGKILL the DataLoader workers: memory comes back now, and a main process stuck
+        waiting on them fails at once instead of at the OOM killer's hand."""
+        for child in self._proc.children(recursive=True):
+            try:
+                if child.name() == "pt_data_worker":
+                    child.kill()
+            except psutil.Error:
+                continue
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
+            if self.tripped:  # the training loop did not stop at its step's end: end workers
+                self._end_workers()
             self.sample()
 
     def _cpu_clock(self) -> tuple[float, float, float]:

@@ -17,6 +17,7 @@ from tqdm import tqdm
 from feedrate.checkpoint import Position
 from feedrate.config import Measure, Optimizer
 from feedrate.errors import ConfigError, DatasetError, Interrupted
+from feedrate.faults import LoaderFailure
 from feedrate.hardware import Hardware
 from feedrate.loader import produced_samples
 from feedrate.metrics import ResourceMonitor, StepTimes
@@ -300,6 +301,8 @@ def train(
                 if out_of_time:
                     done = True
             bar.update(1)
+            if monitor.tripped:  # the memory guard: stop before the OOM killer does
+                raise LoaderFailure(monitor.tripped)
             if step >= total or done:
                 done = True
                 stopped_at = position()
