@@ -1,11 +1,11 @@
-# make train | test | test-fast | sweep | bench | lint | format
+# make train | test | test-fast | sweep | bench | doctor | lint | format
 # Each target sets up .venv from nothing on first use (pip, Python 3.10+).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test test-fast sweep bench lint format clean
+.PHONY: setup train test test-fast sweep bench doctor lint format clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,9 @@ sweep: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/loader_bench.py
+
+doctor: $(STAMP)
+	$(PY) -m feedrate.doctor
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples train.py

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 import feedrate
 from feedrate.dataset import ensure_photos
-from feedrate.faults import LoaderFailure, SampleError
+from feedrate.faults import Context, LoaderFailure, SampleError, diagnose
 
 from .conftest import ROOT, run_cli, shrink
 
@@ -270,3 +270,50 @@ def test_copy_on_read_growth_is_stopped_by_the_memory_guard(tmp_path):
     assert f"over the limit of {limit:.2f} GB (hardware.memory_limit_gb)" in out
     assert "Its 4 workers hold" in out and "copy-on-read pattern" in out
     assert "Traceback" not in out and not (tmp_path / "b" / "metrics.json").exists()
+
+
+class TouchesCuda(Exploding):
+    """Puts each sample on the GPU inside the worker: what a forked worker cannot do."""
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i % 5)
+        return x.cuda(), y
+
+
+def test_cuda_in_a_forked_worker_is_named_with_the_fix():
+    # The error PyTorch raises in the main process when a forked worker touches CUDA.
+    from torch.utils.data._utils import ExceptionWrapper
+
+    try:
+        raise RuntimeError(
+            "Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing,"
+            " you must use the 'spawn' start method"
+        )
+    except RuntimeError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+    with pytest.raises(RuntimeError) as info:
+        wrapped.reraise()
+    named = diagnose(info.value, Context(2, 2, 1, 0.0, 0.0))
+    assert isinstance(named, LoaderFailure)
+    assert "CUDA was initialised before the DataLoader forked its workers" in str(named)
+    assert "loader.multiprocessing_context=spawn" in str(named)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_before_fork_is_named_on_a_gpu(tmp_path):
+    proc = run_cli(
+        *shrink(
+            [
+                "dataset=custom",
+                "dataset._target_=tests.test_faults.TouchesCuda",
+                "hardware=gpu",
+                "loader.num_workers=2",
+                "loader.multiprocessing_context=fork",
+                f"hydra.run.dir={tmp_path}",
+            ]
+        )
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-2000:]
+    assert "CUDA was initialised before the DataLoader forked its workers" in out

@@ -10,11 +10,13 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from feedrate.errors import ConfigError
@@ -533,3 +535,41 @@ def test_a_noisy_trial_is_measured_again(tmp_path, monkeypatch, second_noise, ex
     assert TrialResult.load(tmp_path).reason == result.reason
     assert (tmp_path / "noisy_run" / "trial.log").read_text() == "run at 900.0\n"
     assert (tmp_path / "trial.log").read_text() == "run at 400.0\n"
+
+
+class HoldsLock(torch.utils.data.Dataset):
+    """An index guarded by a lock: fine for fork, unpicklable for spawn and forkserver."""
+
+    classes = ["a", "b"]
+
+    def __init__(self, n: int = 32) -> None:
+        self.n = n
+        self.index = {"lock": threading.Lock()}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.zeros(3, 8, 8, dtype=torch.uint8), i % 2
+
+
+def test_a_dataset_spawn_cannot_pickle_drops_spawn_from_the_search(compose, caplog):
+    from feedrate.sweep import start_methods
+
+    cfg = compose(
+        "dataset=custom",
+        "dataset._target_=tests.test_sweep.HoldsLock",
+        "sweep=loader",
+        "sweep.start_methods=[fork,spawn,forkserver]",
+        "sweep.preset_name=locked",
+    )
+    with caplog.at_level("WARNING", logger="feedrate.sweep"):
+        assert start_methods(cfg) == ["fork"]
+    assert (
+        "dataset is not picklable (attribute dataset.index['lock'] is a _thread.lock):"
+        " spawn, forkserver workers could not receive it" in caplog.text
+    )
+    picklable = compose(
+        "sweep=loader", "sweep.start_methods=[fork,spawn]", "sweep.preset_name=fine"
+    )
+    assert start_methods(picklable) == ["fork", "spawn"]

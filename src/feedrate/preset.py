@@ -37,6 +37,67 @@ def preset_path(conf_dir: str | Path, name: str) -> Path:
     return Path(conf_dir) / "loader" / f"{name}.yaml"
 
 
+# Keys through which Hydra imports and calls code.
+CODE_KEYS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_")
+
+
+def _code_keys(node, path: str = "") -> list[str]:
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key in CODE_KEYS:
+                found.append(where)
+            found += _code_keys(value, where)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += _code_keys(value, f"{path}[{i}]")
+    return found
+
+
+def plain_data_problems(path: Path) -> list[str]:
+    """Why the loader preset at ``path`` is not plain loader data; empty if it is.
+
+    Any file under conf/ can make Hydra run code: a ``_target_`` is imported and called, and a
+    ``# @package _global_`` directive lets a loader file set ``hydra.callbacks``. A preset is
+    data only when it has neither, and only loader keys.
+    """
+    from feedrate.config import LoaderConfig
+
+    text = path.read_text()
+    problems = []
+    if re.search(r"^\s*#\s*@package", text, re.MULTILINE):
+        problems.append(
+            "a '# @package' directive (it can set keys outside loader, hydra.callbacks included)"
+        )
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        return [*problems, f"it is not valid YAML ({str(exc).splitlines()[0]})"]
+    if data is None:
+        return problems
+    if not isinstance(data, dict):
+        return [*problems, "it is not a mapping of loader keys"]
+    problems += [f"the key {k} (Hydra imports and calls it)" for k in _code_keys(data)]
+    allowed = set(LoaderConfig.__dataclass_fields__) | {"defaults"}
+    extra = sorted(str(k) for k in data if k not in allowed and k not in CODE_KEYS)
+    if extra:
+        problems.append(f"keys that are not loader settings: {', '.join(extra)}")
+    for entry in data.get("defaults") or []:
+        if not (isinstance(entry, str) and _NAME.match(entry)):
+            problems.append(f"the defaults entry {entry!r} (only loader presets belong there)")
+    return problems
+
+
+def check_plain_data(path: Path) -> None:
+    problems = plain_data_problems(path)
+    if problems:
+        raise ConfigError(
+            f"{path} is not a plain-data loader preset: it has {'; '.join(problems)}. Presets"
+            " are data; remove those, or treat the file as code and review it"
+        )
+
+
 def check_writable(path: Path, overwrite: bool) -> None:
     """Refuse, before a sweep starts, to replace a preset feedrate did not write."""
     if not path.exists() or overwrite:

@@ -15,6 +15,7 @@ time limit. This module adds what a throughput study needs around that:
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import statistics
@@ -32,7 +33,14 @@ from omegaconf import DictConfig, OmegaConf
 from feedrate import hardware
 from feedrate.errors import ConfigError, FeedrateError
 from feedrate.files import atomic_write_text
-from feedrate.preset import PRESET_KEYS, check_writable, compose_back, preset_path, render
+from feedrate.preset import (
+    PRESET_KEYS,
+    check_plain_data,
+    check_writable,
+    compose_back,
+    preset_path,
+    render,
+)
 from feedrate.preset import write_preset as write_preset_file
 from feedrate.study import fail_unfinished
 from feedrate.study import lock as lock_study
@@ -77,7 +85,33 @@ def start_methods(cfg: DictConfig) -> list[str]:
     available = multiprocessing.get_all_start_methods()
     wanted = list(cfg.sweep.start_methods) or [multiprocessing.get_start_method()]
     methods = [m for m in wanted if m in available]
+    if "fork" in available and any(m != "fork" for m in methods):
+        found = _unpicklable(OmegaConf.to_yaml(cfg.dataset))
+        if found is not None:
+            dropped = [m for m in methods if m != "fork"]
+            methods = ["fork"]
+            _warn_once(
+                f"dataset is not picklable (attribute {found[0]} is a {found[1]}):"
+                f" {', '.join(dropped)} workers could not receive it, so the search drops"
+                " those start methods and runs fork trials only <cfg.sweep.start_methods>"
+            )
     return methods or [multiprocessing.get_start_method()]
+
+
+@functools.lru_cache(maxsize=8)
+def _unpicklable(dataset_yaml: str) -> tuple[str, str] | None:
+    """(attribute path, type) of what keeps the dataset from pickling, or None; once per
+    dataset config, since the search space asks at every trial."""
+    from feedrate.checks import find_unpicklable, type_name
+    from feedrate.launch import build_dataset
+
+    found = find_unpicklable(build_dataset(OmegaConf.create(dataset_yaml)))
+    return None if found is None else (found[0], type_name(found[1]))
+
+
+@functools.lru_cache(maxsize=32)
+def _warn_once(message: str) -> None:
+    log.warning("%s", message)
 
 
 def loader_search_space(cfg: DictConfig, trial: optuna.trial.Trial) -> None:
@@ -283,6 +317,7 @@ class LoaderSweep(Callback):
         path = preset_path(_conf_dir(config), name)
         check_writable(path, config.sweep.overwrite)
         check_sweep(config)
+        start_methods(config)  # says now, before any trial, if the dataset rules some out
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # feedrate logs what matters
@@ -463,6 +498,7 @@ class LoaderSweep(Callback):
         script = Path(sys.argv[0]).resolve()
 
         def verify() -> None:
+            check_plain_data(path)  # what feedrate reads back never runs code
             composed = compose_back(script, name, [])
             for key, value in tuned.items():
                 if composed.get(key) != value:

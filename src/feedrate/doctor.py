@@ -1,0 +1,274 @@
+"""``python -m feedrate.doctor [overrides] [--preset FILE]``: what this machine allows a loader.
+
+Prints the hardware fingerprint and the limits DataLoaders run into (/dev/shm, open files,
+memory, start methods), checks the configured dataset (picklable for spawn? memory per
+worker, measured), says which of the configured loader's settings are unsafe here and how far
+they can go, and checks loader presets for anything that is not plain data. Exit status 1 when
+something is unsafe, 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import resource
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from feedrate import hardware
+from feedrate.checks import find_unpicklable, start_method, type_name, validate
+from feedrate.errors import FeedrateError
+from feedrate.faults import Context, shm_needed
+from feedrate.launch import build_dataset, compose, default_config_dir
+from feedrate.preset import plain_data_problems
+
+MB = 2**20
+# The share of available memory and free /dev/shm a loader may be planned to take.
+BUDGET = 0.8
+
+
+class Report:
+    def __init__(self) -> None:
+        self.unsafe = 0
+
+    def line(self, status: str, what: str, text: str) -> None:
+        tag = {"ok": "[ ok ]", "info": "[info]", "warn": "[warn]", "unsafe": "[UNSAFE]"}[status]
+        self.unsafe += status == "unsafe"
+        print(f"{tag:8} {what:<18} {text}")
+
+    def section(self, title: str) -> None:
+        print(f"\n{title}")
+
+
+def _mb(n: float) -> str:
+    return f"{n / MB:,.0f} MB" if n < 10 * 2**30 else f"{n / 2**30:,.1f} GB"
+
+
+def _worker_memory(dataset, batch_size: int, method: str) -> tuple[float, float]:
+    """(main PSS, mean PSS of one worker) in bytes, measured over a few batches of 2 workers."""
+    from feedrate.loader import build_loader
+
+    kwargs = {
+        "batch_size": batch_size,
+        "shuffle": True,
+        "num_workers": 2,
+        "pin_memory": False,
+        "drop_last": False,
+        "timeout": 120.0,
+        "persistent_workers": False,
+        "prefetch_factor": 2,
+        "multiprocessing_context": method,
+    }
+    loader = build_loader(dataset, kwargs, seed=0)
+    me = psutil.Process()
+    it = iter(loader)
+    workers: list[float] = []
+    for _ in range(min(6, len(loader))):
+        next(it)
+        for child in me.children():
+            try:
+                workers.append(child.memory_full_info().pss)
+            except psutil.Error:
+                continue
+    main = me.memory_full_info().pss
+    del it
+    return main, (sum(workers) / len(workers) if workers else 0.0)
+
+
+def diagnose_machine(overrides: list[str], presets: list[Path], measure: bool = True) -> int:
+    report = Report()
+    cfg = compose(overrides)
+    try:
+        validate(cfg)
+    except FeedrateError as exc:
+        report.line("unsafe", "config", str(exc))
+
+    report.section("Machine")
+    data_path = cfg.dataset.get("root") or cfg.dataset.get("path")
+    fp = hardware.detect(data_path)
+    report.line("info", "fingerprint", fp.short())
+    available = hardware.available_memory()
+    report.line("info", "memory", f"{_mb(available)} available of {fp.ram_gb:.1f} GB")
+    shm = hardware.shm_bytes()
+    if shm is None:
+        report.line("warn", "/dev/shm", "not found: workers cannot pass batches through it")
+    else:
+        free = shm[0] - shm[1]
+        status = "warn" if shm[0] < 1 * 2**30 else "ok"
+        fix = " (Docker's default is 64 MB: run with --shm-size=8g or --ipc=host)"
+        report.line(
+            status,
+            "/dev/shm",
+            f"{_mb(shm[0])}, {_mb(free)} free{fix if status == 'warn' else ''}",
+        )
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    report.line(
+        "warn" if soft < 4096 and strategy == "file_descriptor" else "ok",
+        "open files",
+        f"limit {soft} (hard {hard}); sharing strategy {strategy}: every tensor in flight"
+        " holds a descriptor" + (" (ulimit -n 65536 raises it)" if soft < 4096 else ""),
+    )
+    methods = multiprocessing.get_all_start_methods()
+    report.line(
+        "info",
+        "start methods",
+        f"{', '.join(methods)}; default {multiprocessing.get_start_method()}",
+    )
+    if torch.cuda.is_available():
+        report.line(
+            "info",
+            "CUDA",
+            "initialised in the main process before workers fork: a dataset that touches"
+            " CUDA needs loader.multiprocessing_context=spawn",
+        )
+
+    report.section(f"Dataset ({cfg.dataset.get('_target_')})")
+    t0 = time.perf_counter()
+    try:
+        dataset = build_dataset(cfg.dataset)
+        sample, _ = dataset[0]
+    except Exception as exc:  # noqa: BLE001 - the doctor reports, it does not stop
+        report.line("unsafe", "build", f"{type(exc).__name__}: {exc}")
+        return _end(report, presets)
+    sample_bytes = sample.element_size() * sample.nelement()
+    report.line(
+        "ok",
+        "build",
+        f"{len(dataset)} samples of {tuple(sample.shape)} {sample.dtype}"
+        f" ({_mb(sample_bytes * cfg.loader.batch_size)} a batch of {cfg.loader.batch_size}),"
+        f" built in {time.perf_counter() - t0:.1f} s",
+    )
+    found = find_unpicklable(dataset)
+    if found is None:
+        report.line("ok", "picklable", "yes: any start method can receive it")
+    else:
+        path, value = found
+        report.line(
+            "warn",
+            "picklable",
+            f"no: attribute {path} is a {type_name(value)}; fork works, spawn and forkserver"
+            " cannot receive it (open such handles lazily in the worker)",
+        )
+    method = start_method(cfg.loader)
+    per_worker = 0.0
+    if measure:
+        if found is not None and method != "fork":
+            method = "fork"
+        main, per_worker = _worker_memory(dataset, cfg.loader.batch_size, method)
+        fits = int(max(0.0, available * BUDGET - main) // per_worker) if per_worker else 0
+        report.line(
+            "info",
+            "memory",
+            f"main process {_mb(main)}; a {method} worker {_mb(per_worker)} (PSS, measured"
+            f" over a few batches): about {fits} workers fit in {BUDGET:.0%} of the memory"
+            " available",
+        )
+
+    report.section("Loader (the configured one)")
+    loader = cfg.loader
+    ctx = Context(
+        num_workers=loader.num_workers,
+        prefetch_factor=loader.prefetch_factor,
+        batch_bytes=loader.batch_size * sample_bytes,
+        peak_pss_mb=0.0,
+        timeout_s=loader.timeout,
+    )
+    if loader.num_workers == 0:
+        report.line("info", "workers", "none: samples load in the training loop's process")
+    else:
+        if found is not None and start_method(loader) != "fork":
+            report.line(
+                "unsafe",
+                "start method",
+                f"{start_method(loader)} cannot receive this dataset: use"
+                " loader.multiprocessing_context=fork, or make the dataset picklable",
+            )
+        if shm is not None:
+            need, free = shm_needed(ctx), shm[0] - shm[1]
+            status = "unsafe" if need > free else "warn" if need > BUDGET * free else "ok"
+            report.line(
+                status,
+                "/dev/shm",
+                f"{loader.num_workers} workers x prefetch {loader.prefetch_factor or 2} x"
+                f" {_mb(ctx.batch_bytes)} need about {_mb(need)} of {_mb(free)} free",
+            )
+        if strategy == "file_descriptor":
+            # two tensors per batch in flight, and a pipe pair and more per worker
+            fds = loader.num_workers * ((loader.prefetch_factor or 2) * 2 + 8)
+            status = "unsafe" if fds > soft else "warn" if fds > BUDGET * soft else "ok"
+            report.line(
+                status, "open files", f"about {fds} descriptors in flight of the limit {soft}"
+            )
+        if per_worker:
+            need = loader.num_workers * per_worker
+            status = "unsafe" if need > available else "warn" if need > BUDGET * available else "ok"
+            report.line(
+                status,
+                "memory",
+                f"{loader.num_workers} workers x {_mb(per_worker)} = {_mb(need)} of"
+                f" {_mb(available)} available",
+            )
+        cores = hardware.usable_cores()
+        if loader.num_workers > cores:
+            report.line(
+                "info",
+                "cores",
+                f"{loader.num_workers} workers on {cores:g} cores: right for samples that wait"
+                " on I/O, oversubscribed for CPU-bound decoding (the sweep measures which)",
+            )
+    return _end(report, presets)
+
+
+def _end(report: Report, presets: list[Path]) -> int:
+    report.section("Loader presets")
+    for path in presets:
+        problems = plain_data_problems(path)
+        if problems:
+            report.line("unsafe", path.name, f"not plain data: {'; '.join(problems)}")
+        else:
+            report.line("ok", path.name, "plain data")
+    print(
+        f"\n{report.unsafe} unsafe finding(s)"
+        if report.unsafe
+        else "\nnothing unsafe found for this configuration"
+    )
+    return 1 if report.unsafe else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m feedrate.doctor",
+        description="What this machine allows a DataLoader, and which settings are unsafe here.",
+    )
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
+    parser.add_argument(
+        "--preset",
+        action="append",
+        type=Path,
+        default=None,
+        help="a loader preset file to check is plain data (default: all of conf/loader/)",
+    )
+    parser.add_argument(
+        "--no-measure", action="store_true", help="skip measuring a worker's memory"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    presets = args.preset or sorted((default_config_dir() / "loader").glob("*.yaml"))
+    for path in presets:
+        if not path.is_file():
+            parser.error(f"--preset {path}: no such file")
+    try:
+        return diagnose_machine(args.overrides, presets, measure=not args.no_measure)
+    except FeedrateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""``python -m feedrate.doctor``: the machine's limits, the dataset, what is unsafe here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT, TINY_DATA
+from .test_faults import _unshare_works
+
+
+def _doctor(*args: str, setup: str | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "feedrate.doctor", *args]
+    if setup:  # in a private mount namespace, after a shell command sets up the machine
+        cmd = ["unshare", "-m", "sh", "-c", f"{setup} && {' '.join(cmd)}"]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_a_safe_configuration_gets_the_machine_and_the_dataset_described():
+    proc = _doctor(*TINY_DATA, "loader.num_workers=2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    for expected in (
+        "fingerprint",
+        "/dev/shm",
+        "open files         limit",
+        "start methods",
+        "256 samples of (3, 32, 32) torch.uint8",
+        "picklable          yes",
+        "a fork worker",
+        "workers fit in 80% of the memory available",
+        "recipe.yaml        plain data",
+        "nothing unsafe found",
+    ):
+        assert expected in out, expected
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="needs root to mount a small /dev/shm")
+def test_a_loader_too_big_for_shared_memory_is_unsafe():
+    proc = _doctor(
+        *TINY_DATA,
+        "dataset.image_size=224",
+        "loader.num_workers=8",
+        "loader.prefetch_factor=4",
+        "--no-measure",
+        setup="mount -t tmpfs -o size=4m tmpfs /dev/shm",
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[UNSAFE] /dev/shm           8 workers x prefetch 4 x 9 MB need about 294 MB" in (
+        proc.stdout
+    )
+    assert "--shm-size=8g" in proc.stdout
+
+
+def test_a_dataset_spawn_cannot_receive_is_unsafe_under_spawn():
+    proc = _doctor(
+        "dataset=custom",
+        "dataset._target_=tests.test_sweep.HoldsLock",
+        "loader.num_workers=2",
+        "loader.multiprocessing_context=spawn",
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "picklable          no: attribute dataset.index['lock'] is a _thread.lock" in (
+        proc.stdout
+    )
+    assert "[UNSAFE] start method       spawn cannot receive this dataset" in proc.stdout
+
+
+def test_a_preset_that_can_run_code_is_named(tmp_path):
+    evil = tmp_path / "shared.yaml"
+    evil.write_text(
+        "# @package _global_\nhydra:\n  callbacks:\n    x:\n      _target_: os.getcwd\n"
+    )
+    fine = tmp_path / "fine.yaml"
+    fine.write_text("defaults:\n  - default\n  - _self_\nnum_workers: 6\n")
+    proc = _doctor(*TINY_DATA, "--no-measure", "--preset", str(evil), "--preset", str(fine))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[UNSAFE] shared.yaml        not plain data: a '# @package' directive" in proc.stdout
+    assert "the key hydra.callbacks.x._target_ (Hydra imports and calls it)" in proc.stdout
+    assert "[ ok ]   fine.yaml          plain data" in proc.stdout
