@@ -239,6 +239,10 @@ def test_too_many_open_files_is_named_with_the_limit(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "too many open files (the limit is 48)" in proc.stdout
     assert "ulimit -n" in proc.stdout
+    # The workers say it once each, in one line, not a traceback per failed send
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("DataLoader worker")]
+    assert len(lines) == len({ln.split(":")[0] for ln in lines}) <= 8
 
 
 @pytest.mark.slow

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import itertools
 import logging
+import multiprocessing.queues
+import os
 import signal
+import sys
 import warnings
 from collections.abc import Iterator, Sized
 
@@ -126,7 +129,7 @@ def build_loader(dataset: Dataset, kwargs: dict, seed: int, stream: bool = False
         dataset,
         generator=generator,
         collate_fn=CountingCollate(workers),
-        worker_init_fn=_ignore_interrupts if workers > 0 else None,
+        worker_init_fn=_init_worker if workers > 0 else None,
         **kwargs,
     )
 
@@ -151,6 +154,19 @@ class ResumableSampler(Sampler[int]):
         return len(self.order)
 
 
-def _ignore_interrupts(worker_id: int) -> None:
-    """Workers ignore Ctrl-C: the main process finishes its step, saves, and ends them."""
+def _init_worker(worker_id: int) -> None:
+    """In each worker: ignore Ctrl-C (the main process finishes its step, saves, and ends the
+    workers), and report a batch that cannot be sent in one line, not a traceback per thread:
+    the main process names the cause (too many open files, shared memory) with its fix."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    devnull = os.open(os.devnull, os.O_WRONLY)  # opened now: at the error, no fd may be left
+
+    def one_line(exc: BaseException, *_: object) -> None:
+        # One line per worker: what follows (more sends failing, exit-time cleanup failing for
+        # the same reason) would only repeat it, so the worker's stderr is closed after it.
+        os.write(2, f"DataLoader worker {worker_id}: {type(exc).__name__}: {exc}\n".encode())
+        os.dup2(devnull, 2)
+
+    multiprocessing.queues.Queue._on_queue_feeder_error = staticmethod(one_line)
+    sys.excepthook = lambda kind, exc, tb: one_line(exc)  # multiprocessing's fd-sharing thread
