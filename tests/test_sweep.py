@@ -164,6 +164,27 @@ def test_a_killed_trial_names_the_signal(tmp_path):
     assert "killed by SIGKILL" in result.reason and "out of memory" in result.reason
 
 
+@pytest.mark.parametrize(
+    ("metrics", "expected"),
+    [
+        ('{"samples_per_sec": NaN, "measured_samples": 64}', "samples_per_sec=nan"),
+        ('{"samples_per_sec": 512.0, "measured_samples": 0}', "0 samples"),
+        ('{"samples_per_sec": "fast", "measured_samples": 64}', "samples_per_sec='fast'"),
+        ('{"measured_samples": 64}', "samples_per_sec=None"),
+    ],
+)
+def test_a_trial_that_measured_nothing_is_failed_never_a_value(tmp_path, metrics, expected):
+    script = tmp_path / "measures_nothing.py"
+    script.write_text(
+        "import sys, pathlib\n"
+        "out = pathlib.Path(sys.argv[-1].split('=', 1)[1])\n"
+        f"(out / 'metrics.json').write_text({metrics!r})\n"
+    )
+    result = run_trial(script, [], tmp_path / "job", timeout_s=30)
+    assert result.status == "failed" and result.value is None
+    assert result.reason.startswith("no usable measurement") and expected in result.reason
+
+
 # ---------------------------------------------------------------------------------------------
 # The real command
 
