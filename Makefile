@@ -1,11 +1,11 @@
-# make train | test | test-fast | sweep | bench | doctor | lint | format
+# make train | test | test-fast | sweep | bench | doctor | lock | lint | format
 # Each target sets up .venv from nothing on first use (pip, Python 3.10+).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test test-fast sweep bench doctor lint format clean
+.PHONY: setup train test test-fast sweep bench doctor lock lint format clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,14 @@ bench: $(STAMP)
 
 doctor: $(STAMP)
 	$(PY) -m feedrate.doctor
+
+# The exact versions of .venv, where the suite passes: pip install -r requirements.lock
+lock: $(STAMP)
+	{ echo "# The tested set: pip install -r requirements.lock && pip install --no-deps -e ."; \
+	  echo "# Python $$($(PY) -c 'import platform; print(platform.python_version(), platform.machine())'),"\
+	       "made by make lock from .venv (make test passes with it)."; \
+	  $(PY) -m pip freeze --exclude-editable --disable-pip-version-check | sort -f; \
+	} > requirements.lock.tmp && mv requirements.lock.tmp requirements.lock
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples train.py
