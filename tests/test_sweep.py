@@ -282,6 +282,7 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
     text = preset.read_text()
     assert text.splitlines()[:2] == ["# python train.py loader=tiny", MARKER]
     assert "samples/s" in text and "vs default" in text and "Reproduce: python train.py" in text
+    assert f"# Software: torch {torch.__version__}" in text and "Python 3." in text
     assert "_target_" not in text
     loaded = subprocess.run(
         [sys.executable, "train.py", "loader=tiny", "--cfg", "job"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -46,6 +47,11 @@ def test_train_py_runs_end_to_end_and_writes_sane_metrics(tmp_path, photos_root)
     assert "verdict" in proc.stdout and "samples/s" in proc.stdout
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert state["step"] == 8 and "model" in state
+    # What it ran on, beside the figures
+    env = json.loads((run_dir / "environment.json").read_text())
+    assert env["packages"]["torch"] == importlib.metadata.version("torch")
+    assert env["python"].startswith("3.") and env["fingerprint"]["logical_cores"] >= 1
+    assert env["cuda_available"] == torch.cuda.is_available()
 
 
 def test_cfg_job_and_help_work_like_any_hydra_app():

@@ -29,7 +29,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import random_split
 
-from feedrate import checkpoint, hardware
+from feedrate import checkpoint, environment, hardware
 from feedrate.checks import validate
 from feedrate.dataset import num_classes
 from feedrate.errors import ConfigError, DatasetError, FeedrateError, Interrupted
@@ -111,9 +111,10 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     out = _output_dir(output_dir)
     ckpt_path = checkpoint.checkpoint_path(out, cfg.trainer)
     saved = checkpoint.load(ckpt_path) if cfg.trainer.resume else None
-    if saved is not None and (out / "metrics.json").exists():
-        # The finished part's measurement stays beside the one this run will write.
-        os.replace(out / "metrics.json", out / f"metrics_until_step_{saved['step']}.json")
+    for name in ("metrics", "environment"):
+        if saved is not None and (out / f"{name}.json").exists():
+            # The finished part's records stay beside the ones this run will write.
+            os.replace(out / f"{name}.json", out / f"{name}_until_step_{saved['step']}.json")
     if saved is None and cfg.trainer.save_checkpoint and ckpt_path.exists():
         raise ConfigError(
             f"{ckpt_path} already holds a checkpoint: continue that run with"
@@ -123,6 +124,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     data_path = cfg.dataset.get("root") or cfg.dataset.get("path")
     fingerprint = hardware.detect(data_path)
     log.info("hardware fingerprint: %s", fingerprint.short())
+    env = environment.describe(fingerprint.as_dict())
+    atomic_write_text(out / "environment.json", json.dumps(env, indent=2) + "\n")
     hw = hardware.resolve(cfg.hardware, fingerprint)
     log.info(
         "device %s (hardware=%s): amp %s, channels_last %s, pinned %s",

@@ -30,7 +30,7 @@ import torch
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from feedrate import hardware
+from feedrate import environment, hardware
 from feedrate.errors import ConfigError, FeedrateError
 from feedrate.files import atomic_write_text
 from feedrate.preset import (
@@ -483,6 +483,7 @@ class LoaderSweep(Callback):
             f" model={config.hydra.runtime.choices.get('model')}"
             f" batch_size={config.loader.batch_size}.",
             f"Hardware: {fp.short()}.",
+            f"Software: {environment.short(environment.describe())}.",
             "Reproduce: python train.py -m " + " ".join(_base_args(config)),
             "Plain data: the DataLoader's own arguments on top of loader/default.yaml.",
             *(
