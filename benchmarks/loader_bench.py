@@ -50,6 +50,9 @@ WORKLOADS = {
     ],
     # Real JPEGs read, decoded and augmented from disk.
     "photos": ["dataset=photos", "model=pooled_linear"],
+    # Photos at 224 px for a model that trains (benchmarks/gpu_check.sh adds model=resnet50
+    # hardware=h200 through --extra: ResNet-50 in bf16).
+    "gpu": ["dataset=photos", "dataset.image_size=224"],
 }
 GRID = (0, 1, 2, 4, 8, 16, 24, 32, 48)
 # The sweep's own measurement: streaming (no epoch ends), so every configuration is judged on
@@ -64,8 +67,11 @@ MEASURE = [
 ]
 
 
-def contestants(workload: str, cores: int) -> dict[str, list[str]]:
-    preset = f"bench_{workload}"
+def preset_name(workload: str, args: argparse.Namespace) -> str:
+    return args.preset_name or f"bench_{workload}"
+
+
+def contestants(workload: str, preset: str, cores: int, grid=GRID) -> dict[str, list[str]]:
     out = {
         "default": ["loader=default"],
         "recipe": ["loader=recipe"],
@@ -76,7 +82,7 @@ def contestants(workload: str, cores: int) -> dict[str, list[str]]:
         ],
         "tuned": [f"loader={preset}"],
     }
-    for n in GRID:
+    for n in grid:
         out[f"grid_{n}"] = ["loader=default", f"loader.num_workers={n}"]
     return out
 
@@ -89,13 +95,15 @@ def run_sweep(workload: str, out: Path, args: argparse.Namespace) -> float:
         "-m",
         "sweep=loader",
         *WORKLOADS[workload],
-        f"sweep.preset_name=bench_{workload}",
+        *args.extra,
+        *args.sweep_extra,
+        f"sweep.preset_name={preset_name(workload, args)}",
         f"sweep.study_dir={out / 'studies'}",
         f"hydra.sweep.dir={out / f'sweep_{workload}'}",
     ]
     print(f"[{workload}] sweep: {' '.join(cmd[1:])}", flush=True)
     t0 = time.perf_counter()
-    preset = ROOT / "conf" / "loader" / f"bench_{workload}.yaml"
+    preset = ROOT / "conf" / "loader" / f"{preset_name(workload, args)}.yaml"
     before = preset.stat().st_mtime if preset.exists() else None
     proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
     seconds = time.perf_counter() - t0
@@ -108,9 +116,10 @@ def run_sweep(workload: str, out: Path, args: argparse.Namespace) -> float:
 
 
 def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) -> dict:
-    base = [*WORKLOADS[workload], *MEASURE, f"trainer.max_seconds={args.seconds}"]
-    runs = dict(contestants(workload, cores))
+    base = [*WORKLOADS[workload], *MEASURE, f"trainer.max_seconds={args.seconds}", *args.extra]
+    runs = dict(contestants(workload, preset_name(workload, args), cores, args.grid))
     values: dict[str, list[float]] = {name: [] for name in runs}
+    waits: dict[str, list[float]] = {name: [] for name in runs}
     failures: dict[str, list[str]] = {name: [] for name in runs}
     script = ROOT / "train.py"
     for r in range(args.repeats):
@@ -118,6 +127,8 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
         for name in names:
             res = run_trial(script, [*base, *runs[name]], out / workload / f"r{r}_{name}", 300)
             (values[name] if res.ok else failures[name]).append(res.value if res.ok else res.reason)
+            if res.ok and res.metrics.get("data_wait_frac") is not None:
+                waits[name].append(res.metrics["data_wait_frac"])
             shown = f"{res.value:,.1f}" if res.ok else f"FAILED {res.reason}"
             print(f"[{workload}] round {r + 1}/{args.repeats} {name:>12}: {shown}", flush=True)
 
@@ -149,11 +160,13 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
 
     tuned = med["tuned"]
     nan = float("nan")
-    tuned_loader = read_preset(ROOT / "conf" / "loader" / f"bench_{workload}.yaml")
+    tuned_loader = read_preset(ROOT / "conf" / "loader" / f"{preset_name(workload, args)}.yaml")
     return {
         "values": values,
         "failures": {k: v for k, v in failures.items() if v},
         "median": med,
+        "data_wait": {k: statistics.median(v) for k, v in waits.items() if v},
+        "bound": _bound(out / workload),
         "spread": {k: spread(v) for k, v in values.items() if v},
         "best_grid": best_grid,
         "ceilings": ceilings,
@@ -167,6 +180,14 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
             "tuned/ceiling": tuned / ceiling if ceiling else nan,
         },
     }
+
+
+def _bound(runs_dir: Path) -> str | None:
+    """input-bound or compute-bound, as the tuned runs' own verdicts say (the majority)."""
+    verdicts = [
+        json.loads(p.read_text()).get("bound") for p in runs_dir.glob("r*_tuned/metrics.json")
+    ]
+    return max(set(verdicts), key=verdicts.count) if verdicts else None
 
 
 def read_preset(path: Path) -> dict:
@@ -187,7 +208,13 @@ TARGETS = {
         "tuned/best_grid": 0.95,
         "tuned/ceiling": 0.9,
     },
+    "gpu": {
+        "tuned/recipe": 1.3,
+        "tuned/ceiling": 0.9,
+    },
 }
+# With the model setting the pace, the device should hardly ever wait for data.
+DATA_WAIT_TARGET = {"gpu": 0.05}
 SWEEP_SECONDS_TARGET = 180.0
 
 
@@ -226,6 +253,16 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="measured window per run")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--skip-sweep", action="store_true", help="reuse conf/loader/bench_*")
+    parser.add_argument(
+        "--grid", nargs="+", type=int, default=list(GRID), help="num_workers of the grid"
+    )
+    parser.add_argument(
+        "--extra", nargs="*", default=[], help="overrides for every run, the sweep's included"
+    )
+    parser.add_argument("--sweep-extra", nargs="*", default=[], help="overrides for the sweep only")
+    parser.add_argument(
+        "--preset-name", default=None, help="the preset the sweep writes (default bench_<workload>)"
+    )
     args = parser.parse_args()
 
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
@@ -245,7 +282,7 @@ def main() -> int:
     checks = []
     for workload, res in results.items():
         print(f"\n{workload}:")
-        for name in ["default", "recipe", "cpu_capped", "tuned", *[f"grid_{n}" for n in GRID]]:
+        for name in ["default", "recipe", "cpu_capped", "tuned", *[f"grid_{n}" for n in args.grid]]:
             if name in res["median"]:
                 print(
                     f"  {name:>12}: {res['median'][name]:>9,.1f}  spread {res['spread'][name]:.0%}"
@@ -258,6 +295,21 @@ def main() -> int:
             print(f"  {ratio:>18} = {value:.2f}{goal} {verdict}")
             if target is not None:
                 checks.append((f"{workload} {ratio}", value, target))
+        wait = res["data_wait"].get("tuned")
+        if workload in DATA_WAIT_TARGET and wait is not None:
+            limit = DATA_WAIT_TARGET[workload]
+            if res["bound"] == "compute-bound":
+                ok = wait <= limit
+                print(
+                    f"  tuned data wait = {wait:.1%} (target <= {limit:.0%})"
+                    f" {'PASS' if ok else 'MISS'}"
+                )
+                checks.append((f"{workload} tuned data headroom", 1 - wait, 1 - limit))
+            else:
+                print(
+                    f"  tuned data wait = {wait:.1%} (input-bound: the target is for"
+                    " compute-bound runs)"
+                )
         if workload in sweep_seconds:
             s = sweep_seconds[workload]
             print(
@@ -271,6 +323,8 @@ def main() -> int:
         "machine": fp.as_dict(),
         "cwd_git": _git_rev(),
         "repeats": args.repeats,
+        "grid": args.grid,
+        "extra": args.extra,
         "seconds_per_run": args.seconds,
         "sweep_seconds": sweep_seconds,
         "results": results,

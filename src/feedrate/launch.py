@@ -29,7 +29,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import random_split
 
-from feedrate import checkpoint, environment, hardware
+from feedrate import checkpoint, distributed, environment, hardware
 from feedrate.checks import validate
 from feedrate.dataset import num_classes
 from feedrate.errors import ConfigError, DatasetError, FeedrateError, Interrupted
@@ -106,13 +106,38 @@ def build_dataset(cfg: DictConfig):
 
 
 def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
-    """Build, train and measure as ``cfg`` says; write metrics.json; return the metrics."""
+    """Build, train and measure as ``cfg`` says; write metrics.json; return the metrics.
+
+    Under ``torchrun`` every rank runs this; rank 0 writes the outputs (see
+    :mod:`feedrate.distributed`).
+    """
     validate(cfg)
-    out = _output_dir(output_dir)
+    ranks = distributed.from_env()
+    data_path = cfg.dataset.get("root") or cfg.dataset.get("path")
+    fingerprint = hardware.detect(data_path)
+    if ranks.is_main:
+        log.info("hardware fingerprint: %s", fingerprint.short())
+    hw = hardware.resolve(cfg.hardware, fingerprint)
+    hw = distributed.setup(ranks, hw, cfg.trainer.stream)
+    try:
+        return _run(cfg, output_dir, ranks, fingerprint, hw)
+    finally:
+        distributed.teardown(ranks)
+
+
+def _run(
+    cfg: DictConfig,
+    output_dir: str | os.PathLike | None,
+    ranks: distributed.Ranks,
+    fingerprint: hardware.Fingerprint,
+    hw: hardware.Hardware,
+) -> dict:
+    # Every rank writes (if anything) where rank 0 does: ranks may start a second apart.
+    out = Path(distributed.broadcast(str(_output_dir(output_dir)), ranks))
     ckpt_path = checkpoint.checkpoint_path(out, cfg.trainer)
     saved = checkpoint.load(ckpt_path) if cfg.trainer.resume else None
     for name in ("metrics", "environment"):
-        if saved is not None and (out / f"{name}.json").exists():
+        if saved is not None and ranks.is_main and (out / f"{name}.json").exists():
             # The finished part's records stay beside the ones this run will write.
             os.replace(out / f"{name}.json", out / f"{name}_until_step_{saved['step']}.json")
     if saved is None and cfg.trainer.save_checkpoint and ckpt_path.exists():
@@ -121,12 +146,10 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
             " trainer.resume=true, or give this one its own hydra.run.dir (nothing was"
             " overwritten)"
         )
-    data_path = cfg.dataset.get("root") or cfg.dataset.get("path")
-    fingerprint = hardware.detect(data_path)
-    log.info("hardware fingerprint: %s", fingerprint.short())
-    env = environment.describe(fingerprint.as_dict())
-    atomic_write_text(out / "environment.json", json.dumps(env, indent=2) + "\n")
-    hw = hardware.resolve(cfg.hardware, fingerprint)
+    distributed.barrier(ranks)  # every rank has checked before rank 0 writes anything
+    if ranks.is_main:
+        env = environment.describe(fingerprint.as_dict())
+        atomic_write_text(out / "environment.json", json.dumps(env, indent=2) + "\n")
     log.info(
         "device %s (hardware=%s): amp %s, channels_last %s, pinned %s",
         hw.device,
@@ -149,8 +172,18 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     model = build_model(cfg.model, n_classes).to(hw.device)
     if hw.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    model = distributed.wrap(model, ranks, hw)
     optimizer = build_optimizer(cfg.trainer, model)
     loader_args = loader_kwargs(cfg.loader, hw)
+    per_rank = distributed.workers_per_rank(cfg.loader.num_workers, ranks)
+    if per_rank != cfg.loader.num_workers:
+        log.info(
+            "loader.num_workers=%d is the machine's: %d per rank for %d ranks on it",
+            cfg.loader.num_workers,
+            per_rank,
+            ranks.local_world_size,
+        )
+        loader_args["num_workers"] = per_rank
     log.info(
         "dataset %s: %d samples, %d classes, sample %s %s; loader %s",
         type(dataset).__name__,
@@ -161,27 +194,30 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         loader_args,
     )
     context = Context(
-        num_workers=cfg.loader.num_workers,
+        num_workers=loader_args["num_workers"],
         prefetch_factor=cfg.loader.prefetch_factor,
         batch_bytes=cfg.loader.batch_size * sample.element_size() * sample.nelement(),
         peak_pss_mb=0.0,
         timeout_s=cfg.loader.timeout,
     )
     check_shm(context)
-    loader = build_loader(train_set, loader_args, cfg.trainer.seed, cfg.trainer.stream)
+    loader = build_loader(train_set, loader_args, cfg.trainer.seed, cfg.trainer.stream, ranks)
     resume = None
     if saved is not None:
         total = planned_steps(cfg.trainer, loader)
-        resume = checkpoint.restore(saved, ckpt_path, model, optimizer, total, loader.batch_size)
+        resume = checkpoint.restore(
+            saved, ckpt_path, distributed.unwrap(model), optimizer, total, loader.batch_size
+        )
         log.info("resuming from %s at step %d of %d", ckpt_path, resume.step, total)
 
     batch_size = loader.batch_size
 
     def save(position: checkpoint.Position) -> Path:
-        return checkpoint.save(ckpt_path, model, optimizer, position, cfg, batch_size)
+        weights = distributed.unwrap(model)
+        return checkpoint.save(ckpt_path, weights, optimizer, position, cfg, batch_size)
 
     checkpoints = Checkpoints(
-        save=save if cfg.trainer.save_checkpoint else None,
+        save=save if cfg.trainer.save_checkpoint and ranks.is_main else None,
         every=cfg.trainer.checkpoint_every,
         interrupt=threading.Event(),
         resume_hint=f"python train.py {' '.join(_overrides(out))} trainer.resume=true",
@@ -193,7 +229,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
             explicit_limit=bool(limit_gb),
             start_method=loader_args.get("multiprocessing_context"),
         ) as monitor,
-        _interrupts_set(checkpoints.interrupt),
+        # Ctrl-C under torchrun reaches every rank at its own step: no clean stop there.
+        contextlib.nullcontext() if ranks.enabled else _interrupts_set(checkpoints.interrupt),
     ):
         created = time.perf_counter()
         normalise = make_input_transform(hw, sample.shape[0])
@@ -266,11 +303,13 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         "date": datetime.now().isoformat(timespec="seconds"),
         "overrides": _overrides(),
     }
-    metrics = _finite(metrics)
-    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-    if cfg.trainer.save_checkpoint:
-        save(result.position)
-    log.info("summary (%s)\n%s", out / "metrics.json", format_summary(metrics))
+    metrics = _finite(distributed.gather(metrics, ranks))
+    if ranks.is_main:
+        atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+        if cfg.trainer.save_checkpoint:
+            save(result.position)
+        log.info("summary (%s)\n%s", out / "metrics.json", format_summary(metrics))
+    distributed.barrier(ranks)
     return metrics
 
 

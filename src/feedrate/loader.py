@@ -99,8 +99,11 @@ def skipped_samples(loader: DataLoader) -> int:
     return int(collate.counts[:, 1].sum()) if isinstance(collate, CountingCollate) else 0
 
 
-def build_loader(dataset: Dataset, kwargs: dict, seed: int, stream: bool = False) -> DataLoader:
-    """A DataLoader over ``dataset`` with ``kwargs`` from :func:`loader_kwargs`.
+def build_loader(
+    dataset: Dataset, kwargs: dict, seed: int, stream: bool = False, ranks=None
+) -> DataLoader:
+    """A DataLoader over ``dataset`` with ``kwargs`` from :func:`loader_kwargs`; under torchrun
+    (``ranks``), over this rank's shard.
 
     Refuses, before any worker starts, a dataset that its workers could not receive.
     """
@@ -118,7 +121,11 @@ def build_loader(dataset: Dataset, kwargs: dict, seed: int, stream: bool = False
             cores,
         )
     generator = torch.Generator().manual_seed(seed)
-    if stream:  # reshuffle forever: no epoch end while measuring (trainer.stream)
+    if ranks is not None and ranks.enabled:
+        from feedrate.distributed import shard
+
+        order = shard(dataset, ranks, kwargs["shuffle"], seed, kwargs["drop_last"])
+    elif stream:  # reshuffle forever: no epoch end while measuring (trainer.stream)
         order = RandomSampler(dataset, num_samples=len(dataset) * 10_000, generator=generator)
     elif kwargs["shuffle"]:  # what DataLoader(shuffle=True, generator=...) would build
         order = RandomSampler(dataset, generator=generator)

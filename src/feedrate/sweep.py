@@ -282,6 +282,15 @@ def check_sweep(config: DictConfig) -> None:
         problems.append(f"sweep.start_methods has {unknown}: choose from fork, forkserver, spawn")
     if any(b < 1 for b in s.batch_sizes):
         problems.append(f"sweep.batch_sizes={list(s.batch_sizes)} must all be at least 1")
+    launcher = str(config.hydra.launcher.get("_target_", ""))
+    if not launcher.endswith("FeedrateTrialLauncher"):
+        problems.append(
+            f"hydra.launcher is {launcher.rsplit('.', 1)[-1]}: the loader sweep measures"
+            " throughput one trial at a time on the machine it runs on (trials sharing a host"
+            " corrupt each other's figures), so it needs hydra/launcher=feedrate_trial. On a"
+            " cluster, run the whole sweep inside one allocation per machine type:"
+            " srun --exclusive python train.py -m sweep=loader"
+        )
     searched = [*SEARCHED, *(["loader.batch_size"] if s.tune_batch_size else [])]
     for arg in config.hydra.overrides.task:
         key = arg.split("=", 1)[0].lstrip("+~")

@@ -198,6 +198,9 @@ def train(
             loader.generator.set_state(resume.epoch_generator)
             loader.sampler.skip = epoch_samples = resume.epoch_samples
         resumed_into = epoch_samples  # samples of this epoch trained before a resume
+        order = getattr(getattr(loader, "sampler", None), "order", None)
+        if hasattr(order, "set_epoch"):  # a DistributedSampler: this epoch's shuffle
+            order.set_epoch(epoch)
         # The shuffle's source; a loader built elsewhere may have none (then no position).
         generator = getattr(loader, "generator", None)
         epoch_generator = generator.get_state() if generator is not None else None

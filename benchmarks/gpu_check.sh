@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Every GPU check in one call, on a machine with an NVIDIA GPU (an H200 is what it is sized for):
+#
+#   bash benchmarks/gpu_check.sh                 # about 8 minutes on one H200 with 16 cores
+#
+# 1. the driver and the environment: nvidia-smi, and environment.json of a short run;
+# 2. the GPU tests: pytest -m gpu (CUDA touched before fork, the gpu profile);
+# 3. the loader benchmark on hardware=h200, photos at 224 px, ResNet-50 in bf16: a loader sweep
+#    from scratch that writes conf/loader/$PRESET.yaml, then PyTorch's default, the recipe, a
+#    CPU-capped tuner's pick, the tuned preset and a num_workers grid measured alternately, and
+#    the loader-only and compute-only ceilings. Targets: tuned >= 1.3x recipe, tuned >= 0.9 of
+#    the ceiling, data wait <= 5% when compute-bound.
+# Everything lands in $OUT (default benchmarks/results/<date>_gpu/), ready to commit with the
+# preset. Each stage has its own time limit, so one that hangs cannot eat the whole budget.
+#
+# FEEDRATE_GPU_CHECK=smoke runs the same stages shrunk to a CPU and a few minutes (the test
+# suite does, so the script is known to work before a GPU is at hand).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+OUT=${OUT:-benchmarks/results/$(date +%Y-%m-%d)_gpu}
+mkdir -p "$OUT"
+
+if [[ "${FEEDRATE_GPU_CHECK:-}" == smoke ]]; then
+    EXTRA=(model=pooled_linear hardware=cpu dataset.n_images=96 loader.batch_size=16
+           trainer.window_steps=2)
+    SWEEP_EXTRA=(hydra.sweeper.n_trials=2 sweep.finalists=1 sweep.final_rounds=1
+                 sweep.final_seconds=0.5 sweep.max_workers=2)
+    BENCH=(--repeats 1 --seconds 0.5 --grid 0 2)
+    PRESET=${PRESET:-gpu_check_smoke}
+    LIMIT=600
+else
+    EXTRA=(model=resnet50 hardware=h200)
+    SWEEP_EXTRA=(sweep.final_rounds=1)
+    BENCH=(--repeats 2 --seconds 4 --grid 0 8 16 32)
+    PRESET=${PRESET:-h200_16core}
+    LIMIT=540
+fi
+
+stage() { echo; echo "== $* ($(date +%H:%M:%S))"; }
+
+stage "1/3 driver and environment"
+if command -v nvidia-smi >/dev/null; then nvidia-smi | tee "$OUT/nvidia-smi.txt"; fi
+"$PY" -c "import feedrate" 2>/dev/null || {
+    echo "feedrate is not importable: pip install -e . (with its dependencies) first" >&2
+    exit 2
+}
+timeout 300 "$PY" train.py "${EXTRA[@]}" trainer.max_steps=5 trainer.warmup_steps=1 \
+    trainer.progress=false trainer.save_checkpoint=false hydra.run.dir="$OUT/env_run" \
+    > "$OUT/env_run.log" 2>&1 || { tail -20 "$OUT/env_run.log"; exit 1; }
+cp "$OUT/env_run/environment.json" "$OUT/environment.json"
+"$PY" -c "import json,sys; e=json.load(open(sys.argv[1])); print(e['packages']['torch'], e['torch_cuda'], e['driver'], e['gpus'])" "$OUT/environment.json"
+
+stage "2/3 GPU tests"
+timeout 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" \
+    || [[ ${PIPESTATUS[0]} == 5 ]]  # 5: none collected
+
+stage "3/3 loader benchmark (sweep, contestants, ceilings)"
+timeout "$LIMIT" "$PY" benchmarks/loader_bench.py --workloads gpu "${BENCH[@]}" \
+    --preset-name "$PRESET" --extra "${EXTRA[@]}" --sweep-extra "${SWEEP_EXTRA[@]}" \
+    --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+cp "conf/loader/$PRESET.yaml" "$OUT/"
+echo
+echo "done: $OUT (bench.json, bench.png, bench.log, environment.json, $PRESET.yaml)"

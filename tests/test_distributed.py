@@ -1,0 +1,73 @@
+"""Data parallel under torchrun: two CPU ranks with the gloo backend, as on a multi-GPU box."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from .conftest import ROOT, run_cli, shrink
+
+
+@pytest.mark.slow
+def test_two_ranks_train_one_model_and_sum_their_throughput(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            *shrink(["loader.num_workers=2", f"hydra.run.dir={tmp_path}"]),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "rank 1 of 2 (local 1 of 2) on cpu, backend gloo" in out
+    assert "loader.num_workers=2 is the machine's: 1 per rank for 2 ranks on it" in out
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["world_size"] == 2 and len(m["ranks"]) == 2
+    # each rank measured its own 6 steps of 16; the job's throughput is theirs summed
+    assert [r["measured_samples"] for r in m["ranks"]] == [96, 96]
+    assert m["measured_samples"] == 192
+    assert m["samples_per_sec"] == pytest.approx(sum(r["samples_per_sec"] for r in m["ranks"]))
+    # rank 0 wrote one checkpoint, of the model itself (no DistributedDataParallel wrapper)
+    state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert state["step"] == 8 and not any(k.startswith("module.") for k in state["model"])
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["environment.json", "metrics.json"]
+
+
+def test_slurm_launcher_composes_for_hyperparameter_sweeps():
+    proc = run_cli(
+        "sweep=lr", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "--cfg", "hydra"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    launcher = yaml.safe_load(proc.stdout)["hydra"]["launcher"]
+    assert launcher["_target_"].endswith("SlurmLauncher")
+    assert launcher["partition"] == "gpu" and launcher["gpus_per_node"] == 1
+
+
+def test_the_loader_sweep_refuses_a_launcher_that_runs_trials_side_by_side(tmp_path):
+    proc = run_cli(
+        "-m",
+        "sweep=loader",
+        "sweep.preset_name=cluster_test",
+        "hydra/launcher=slurm",
+        f"hydra.sweep.dir={tmp_path}",
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    assert "hydra.launcher is SlurmLauncher: the loader sweep measures throughput one trial" in out
+    assert "srun --exclusive python train.py -m sweep=loader" in out
+    assert not (tmp_path / ".submitit").exists()
