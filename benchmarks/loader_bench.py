@@ -126,6 +126,7 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
         names = list(runs) if r % 2 == 0 else list(runs)[::-1]
         for name in names:
             res = run_trial(script, [*base, *runs[name]], out / workload / f"r{r}_{name}", 300)
+            _record(out, workload, r, name, res)
             (values[name] if res.ok else failures[name]).append(res.value if res.ok else res.reason)
             if res.ok and res.metrics.get("data_wait_frac") is not None:
                 waits[name].append(res.metrics["data_wait_frac"])
@@ -147,6 +148,7 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
     for r in range(args.repeats):
         for name, extra in ceiling_runs.items():
             res = run_trial(script, [*base, *extra], out / workload / f"r{r}_ceiling_{name}", 300)
+            _record(out, workload, r, f"ceiling_{name}", res)
             if res.ok:
                 ceilings[name].append(res.value)
             shown = f"{res.value:,.1f}" if res.ok else f"FAILED {res.reason}"
@@ -180,6 +182,22 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
             "tuned/ceiling": tuned / ceiling if ceiling else nan,
         },
     }
+
+
+def _record(out: Path, workload: str, round_: int, name: str, res) -> None:
+    """Append each run's figure to runs.jsonl as it lands: a benchmark cut short by a time
+    limit still leaves every figure it measured."""
+    line = {
+        "workload": workload,
+        "round": round_,
+        "name": name,
+        "samples_per_sec": res.value,
+        "data_wait_frac": res.metrics.get("data_wait_frac") if res.ok else None,
+        "status": res.status,
+        "reason": res.reason,
+    }
+    with open(out / "runs.jsonl", "a") as fh:
+        fh.write(json.dumps(line) + "\n")
 
 
 def _bound(runs_dir: Path) -> str | None:

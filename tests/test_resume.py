@@ -32,19 +32,27 @@ def _state(run_dir):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("uninterrupted")
-    proc = run_cli(*shrink([*RUN, f"hydra.run.dir={run_dir}"]))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return _state(run_dir)
+    """The final state of the run never stopped, for each loader setting (computed once)."""
+    states = {}
+
+    def state(extra: tuple[str, ...]) -> dict:
+        if extra not in states:
+            run_dir = tmp_path_factory.mktemp("uninterrupted")
+            proc = run_cli(*shrink([*RUN, *extra, f"hydra.run.dir={run_dir}"]))
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            states[extra] = _state(run_dir)
+        return states[extra]
+
+    return state
 
 
-def _stop_after_a_checkpoint(run_dir, sig) -> tuple[subprocess.CompletedProcess, int]:
+def _stop_after_a_checkpoint(run_dir, sig, extra=()) -> tuple[subprocess.CompletedProcess, int]:
     """Start the run, send ``sig`` to its process group (as a terminal or the OOM killer
     would) once a checkpoint from step 20 on exists, inside the second epoch (16 batches an
     epoch): resuming then needs that epoch's shuffle and its position in it."""
     ckpt = run_dir / "checkpoints" / "last.pt"
     proc = subprocess.Popen(
-        [sys.executable, "train.py", *shrink([*RUN, f"hydra.run.dir={run_dir}"])],
+        [sys.executable, "train.py", *shrink([*RUN, *extra, f"hydra.run.dir={run_dir}"])],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -74,9 +82,18 @@ def _session_processes(sid: int) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
-def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, uninterrupted, sig):
-    stopped, sid = _stop_after_a_checkpoint(tmp_path, sig)
+@pytest.mark.parametrize(
+    ("sig", "extra"),
+    [
+        (signal.SIGKILL, ()),
+        (signal.SIGINT, ()),
+        # persistent workers keep one iterator for every epoch: the order must not depend on it
+        (signal.SIGKILL, ("loader.persistent_workers=true",)),
+    ],
+    ids=["killed", "ctrl-c", "killed-persistent-workers"],
+)
+def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, uninterrupted, sig, extra):
+    stopped, sid = _stop_after_a_checkpoint(tmp_path, sig, extra)
     assert stopped.returncode in (-signal.SIGKILL, 130), stopped.stdout[-2000:]
     assert not (tmp_path / "metrics.json").exists()  # the run never finished
     at = _state(tmp_path)["step"]
@@ -89,7 +106,7 @@ def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, uninterrupted, sig)
     time.sleep(0.5)
     assert not _session_processes(sid), "workers outlived the run"
 
-    resumed = run_cli(*shrink([*RUN, f"hydra.run.dir={tmp_path}", "trainer.resume=true"]))
+    resumed = run_cli(*shrink([*RUN, *extra, f"hydra.run.dir={tmp_path}", "trainer.resume=true"]))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resuming from {tmp_path / 'checkpoints' / 'last.pt'} at step {at} of 60" in (
         resumed.stderr + resumed.stdout
@@ -97,8 +114,9 @@ def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, uninterrupted, sig)
     final = _state(tmp_path)
     assert final["step"] == 60
     # No step lost or repeated, samples in the same order: the same weights and momentum.
-    torch.testing.assert_close(final["model"], uninterrupted["model"])
-    torch.testing.assert_close(final["optimizer"], uninterrupted["optimizer"])
+    reference = uninterrupted(extra)
+    torch.testing.assert_close(final["model"], reference["model"])
+    torch.testing.assert_close(final["optimizer"], reference["optimizer"])
 
 
 def test_a_run_never_overwrites_another_runs_checkpoint(tmp_path):

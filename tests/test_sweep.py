@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.metadata
 import os
 import shutil
 import signal
@@ -282,7 +283,9 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
     text = preset.read_text()
     assert text.splitlines()[:2] == ["# python train.py loader=tiny", MARKER]
     assert "samples/s" in text and "vs default" in text and "Reproduce: python train.py" in text
-    assert f"# Software: torch {torch.__version__}" in text and "Python 3." in text
+    assert (
+        f"# Software: torch {importlib.metadata.version('torch')}" in text and "Python 3." in text
+    )
     assert "_target_" not in text
     loaded = subprocess.run(
         [sys.executable, "train.py", "loader=tiny", "--cfg", "job"],
@@ -523,40 +526,59 @@ def test_one_study_runs_one_sweep_at_a_time(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("second_noise", "expected"),
+    ("second", "expected_value", "expected"),
     [
-        ([], "measured again: the first run was noisy (other processes kept 60%"),
+        ((400.0, []), 400.0, "measured again: the first run was noisy (other processes kept 60%"),
         (
-            ["other processes kept 40% of this run's cores busy while it was measured"],
+            (400.0, ["other processes kept 40% of this run's cores busy while it was measured"]),
+            400.0,
             "noisy twice: other processes kept 40%",
         ),
+        # the second run failing leaves the first figure, flagged, not a failed trial
+        ((None, []), 900.0, "noisy (other processes kept 60%"),
     ],
+    ids=["quiet-again", "noisy-twice", "second-failed"],
 )
-def test_a_noisy_trial_is_measured_again(tmp_path, monkeypatch, second_noise, expected):
+def test_a_noisy_trial_is_measured_again(tmp_path, monkeypatch, second, expected_value, expected):
     import feedrate.trial as trial
 
     runs = iter(
         [
             (900.0, ["other processes kept 60% of this run's cores busy while it was measured"]),
-            (400.0, second_noise),
+            second,
         ]
     )
 
     def fake_run_once(script, overrides, job_dir, timeout_s, objective):
         value, noise = next(runs)
         (Path(job_dir) / "trial.log").write_text(f"run at {value}\n")
+        status = "ok" if value is not None else "failed"
         result = TrialResult(
-            overrides, "ok", value=value, metrics={"noise": noise}, job_dir=str(job_dir)
+            overrides, status, value=value, metrics={"noise": noise}, job_dir=str(job_dir)
         )
+        result.reason = "" if value is not None else "killed by SIGKILL"
         result.save()
         return result
 
     monkeypatch.setattr(trial, "_run_once", fake_run_once)
     result = run_trial("train.py", ["loader.num_workers=4"], tmp_path, 60)
-    assert result.value == 400.0 and expected in result.reason
+    assert result.ok and result.value == expected_value and expected in result.reason
     assert TrialResult.load(tmp_path).reason == result.reason
     assert (tmp_path / "noisy_run" / "trial.log").read_text() == "run at 900.0\n"
-    assert (tmp_path / "trial.log").read_text() == "run at 400.0\n"
+
+
+def test_a_noisy_accuracy_is_not_measured_again(tmp_path, monkeypatch):
+    import feedrate.trial as trial
+
+    calls = []
+
+    def fake_run_once(script, overrides, job_dir, timeout_s, objective):
+        calls.append(objective)
+        return TrialResult(overrides, "ok", value=0.9, metrics={"noise": ["busy"]})
+
+    monkeypatch.setattr(trial, "_run_once", fake_run_once)
+    assert run_trial("train.py", [], tmp_path, 60, objective="val_accuracy").value == 0.9
+    assert calls == ["val_accuracy"]
 
 
 class HoldsLock(torch.utils.data.Dataset):

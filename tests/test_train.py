@@ -262,3 +262,17 @@ def test_a_cpu_hog_during_the_measurement_is_flagged(tmp_path):
     assert metrics["other_cpu_frac"] > 0.25
     assert any("other processes kept" in r for r in metrics["noise"])
     assert "NOISY            other processes kept" in proc.stdout + proc.stderr
+
+
+def test_a_checkpoint_pause_is_left_out_of_the_measurement(tmp_path, compose):
+    # Saves at steps 10 and 20 pause training while workers refill their queues; each closes
+    # the window, and measuring resumes after 2 more warm-up steps: 28 - 2 x 2 = 24 measured.
+    cfg = compose(
+        "trainer.max_steps=30",
+        "trainer.checkpoint_every=10",
+        "loader.num_workers=2",
+    )
+    metrics = feedrate.run(cfg, output_dir=tmp_path)
+    assert metrics["measured_steps"] == 24 and metrics["steps"] == 30
+    assert metrics["measured_samples"] == 24 * 16
+    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] == 30

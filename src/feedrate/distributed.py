@@ -54,14 +54,20 @@ def from_env() -> Ranks:
     )
 
 
-def setup(ranks: Ranks, hw: Hardware, stream: bool) -> Hardware:
+def setup(ranks: Ranks, hw: Hardware, trainer) -> Hardware:
     """Join the process group; this rank's hardware (its own CUDA device)."""
     if not ranks.enabled:
         return hw
-    if stream:
+    if trainer.stream:
         raise ConfigError(
             "trainer.stream=true measures one process's loader (what sweep=loader compares);"
             " under torchrun train by steps or epochs: trainer.stream=false"
+        )
+    if trainer.max_seconds is not None:
+        raise ConfigError(
+            f"trainer.max_seconds={trainer.max_seconds} under torchrun: each rank would stop on"
+            " its own clock, at a different step, and the others would wait for it forever in"
+            " the gradient all-reduce; use trainer.max_steps or trainer.epochs"
         )
     if hw.is_cuda:
         if ranks.local_rank >= torch.cuda.device_count():

@@ -50,7 +50,7 @@ def _mb(n: float) -> str:
 
 
 def _worker_memory(dataset, batch_size: int, method: str) -> tuple[float, float]:
-    """(main PSS, mean PSS of one worker) in bytes, measured over a few batches of 2 workers."""
+    """(main PSS, the larger worker's peak PSS) in bytes, over a few batches of 2 workers."""
     from feedrate.loader import build_loader
 
     kwargs = {
@@ -67,17 +67,19 @@ def _worker_memory(dataset, batch_size: int, method: str) -> tuple[float, float]
     loader = build_loader(dataset, kwargs, seed=0)
     me = psutil.Process()
     it = iter(loader)
-    workers: list[float] = []
-    for _ in range(min(6, len(loader))):
+    peaks: dict[int, float] = {}  # each worker's peak
+    for _ in range(min(8, len(loader))):
         next(it)
-        for child in me.children():
+        # forkserver workers are the server's children: all descendants, workers only
+        for child in me.children(recursive=True):
             try:
-                workers.append(child.memory_full_info().pss)
+                if child.name() == "pt_data_worker":
+                    peaks[child.pid] = max(peaks.get(child.pid, 0.0), child.memory_full_info().pss)
             except psutil.Error:
                 continue
     main = me.memory_full_info().pss
     del it
-    return main, (sum(workers) / len(workers) if workers else 0.0)
+    return main, (max(peaks.values()) if peaks else 0.0)
 
 
 def diagnose_machine(overrides: list[str], presets: list[Path], measure: bool = True) -> int:

@@ -85,6 +85,14 @@ def available_memory() -> int:
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         if limit != "max":
             used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            # memory.current counts the page cache, which the kernel reclaims under pressure:
+            # the inactive part is as good as free
+            stat = dict(
+                line.split()
+                for line in Path("/sys/fs/cgroup/memory.stat").read_text().splitlines()
+                if line.count(" ") == 1
+            )
+            used -= int(stat.get("inactive_file", 0))
             available = min(available, max(0, int(limit) - used))
     except (OSError, ValueError):
         pass

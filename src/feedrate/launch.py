@@ -118,7 +118,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     if ranks.is_main:
         log.info("hardware fingerprint: %s", fingerprint.short())
     hw = hardware.resolve(cfg.hardware, fingerprint)
-    hw = distributed.setup(ranks, hw, cfg.trainer.stream)
+    hw = distributed.setup(ranks, hw, cfg.trainer)
     try:
         return _run(cfg, output_dir, ranks, fingerprint, hw)
     finally:
@@ -136,10 +136,6 @@ def _run(
     out = Path(distributed.broadcast(str(_output_dir(output_dir)), ranks))
     ckpt_path = checkpoint.checkpoint_path(out, cfg.trainer)
     saved = checkpoint.load(ckpt_path) if cfg.trainer.resume else None
-    for name in ("metrics", "environment"):
-        if saved is not None and ranks.is_main and (out / f"{name}.json").exists():
-            # The finished part's records stay beside the ones this run will write.
-            os.replace(out / f"{name}.json", out / f"{name}_until_step_{saved['step']}.json")
     if saved is None and cfg.trainer.save_checkpoint and ckpt_path.exists():
         raise ConfigError(
             f"{ckpt_path} already holds a checkpoint: continue that run with"
@@ -147,9 +143,6 @@ def _run(
             " overwritten)"
         )
     distributed.barrier(ranks)  # every rank has checked before rank 0 writes anything
-    if ranks.is_main:
-        env = environment.describe(fingerprint.as_dict())
-        atomic_write_text(out / "environment.json", json.dumps(env, indent=2) + "\n")
     log.info(
         "device %s (hardware=%s): amp %s, channels_last %s, pinned %s",
         hw.device,
@@ -209,7 +202,14 @@ def _run(
             saved, ckpt_path, distributed.unwrap(model), optimizer, total, loader.batch_size
         )
         log.info("resuming from %s at step %d of %d", ckpt_path, resume.step, total)
+        for name in ("metrics", "environment"):
+            if ranks.is_main and (out / f"{name}.json").exists():
+                # The finished part's records stay beside the ones this run will write.
+                os.replace(out / f"{name}.json", out / f"{name}_until_step_{resume.step}.json")
 
+    if ranks.is_main:
+        env = environment.describe(fingerprint.as_dict())
+        atomic_write_text(out / "environment.json", json.dumps(env, indent=2) + "\n")
     batch_size = loader.batch_size
 
     def save(position: checkpoint.Position) -> Path:
@@ -218,16 +218,20 @@ def _run(
 
     checkpoints = Checkpoints(
         save=save if cfg.trainer.save_checkpoint and ranks.is_main else None,
-        every=cfg.trainer.checkpoint_every,
+        # on every rank: each pauses (and re-warms) while rank 0 saves
+        every=cfg.trainer.checkpoint_every if cfg.trainer.save_checkpoint else None,
         interrupt=threading.Event(),
         resume_hint=f"python train.py {' '.join(_overrides(out))} trainer.resume=true",
     )
     limit_gb = cfg.hardware.memory_limit_gb
+    machine_limit = limit_gb * 2**30 if limit_gb else _default_memory_limit()
     with (
         ResourceMonitor(
-            limit_bytes=limit_gb * 2**30 if limit_gb else _default_memory_limit(),
+            # the machine's memory, shared by the ranks on it
+            limit_bytes=machine_limit / ranks.local_world_size,
             explicit_limit=bool(limit_gb),
             start_method=loader_args.get("multiprocessing_context"),
+            cpu_root=os.getppid() if ranks.enabled else None,
         ) as monitor,
         # Ctrl-C under torchrun reaches every rank at its own step: no clean stop there.
         contextlib.nullcontext() if ranks.enabled else _interrupts_set(checkpoints.interrupt),
@@ -264,6 +268,8 @@ def _run(
             raise named from exc
         skipped = skipped_samples(loader)
         del loader  # ends persistent workers inside the monitored window
+    if cfg.trainer.save_checkpoint and ranks.is_main:
+        save(result.position)  # the trained state first, before evaluation can fail
     val_loss = val_accuracy = None
     if val_set is not None:
         eval_args = {
@@ -306,8 +312,6 @@ def _run(
     metrics = _finite(distributed.gather(metrics, ranks))
     if ranks.is_main:
         atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-        if cfg.trainer.save_checkpoint:
-            save(result.position)
         log.info("summary (%s)\n%s", out / "metrics.json", format_summary(metrics))
     distributed.barrier(ranks)
     return metrics
@@ -380,6 +384,10 @@ def main(cfg: DictConfig) -> float:
         log.error("%s", exc)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        log.error("interrupted (Ctrl-C twice): stopped at once; the last checkpoint is kept")
+        log.error(
+            "interrupted (Ctrl-C): stopped at once; checkpoints written before (every"
+            " trainer.checkpoint_every steps) are kept, and trainer.resume=true continues from"
+            " the last one"
+        )
         sys.exit(130)
     return metrics[cfg.objective]

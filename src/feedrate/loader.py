@@ -120,18 +120,21 @@ def build_loader(
             workers,
             cores,
         )
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)  # the loader's own: workers' base seeds
+    # The shuffle's, apart: with persistent workers the loader draws a base seed once, without
+    # them at every epoch; the order must not depend on which, or a resumed run drifts.
+    shuffling = torch.Generator().manual_seed(seed)
     if ranks is not None and ranks.enabled:
         from feedrate.distributed import shard
 
         order = shard(dataset, ranks, kwargs["shuffle"], seed, kwargs["drop_last"])
     elif stream:  # reshuffle forever: no epoch end while measuring (trainer.stream)
-        order = RandomSampler(dataset, num_samples=len(dataset) * 10_000, generator=generator)
-    elif kwargs["shuffle"]:  # what DataLoader(shuffle=True, generator=...) would build
-        order = RandomSampler(dataset, generator=generator)
+        order = RandomSampler(dataset, num_samples=len(dataset) * 10_000, generator=shuffling)
+    elif kwargs["shuffle"]:
+        order = RandomSampler(dataset, generator=shuffling)
     else:
         order = SequentialSampler(dataset)
-    kwargs = {**kwargs, "shuffle": False, "sampler": ResumableSampler(order)}
+    kwargs = {**kwargs, "shuffle": False, "sampler": ResumableSampler(order, shuffling)}
     return DataLoader(
         dataset,
         generator=generator,
@@ -144,12 +147,13 @@ def build_loader(
 class ResumableSampler(Sampler[int]):
     """``order``, whose next pass can start ``skip`` indices in (to resume mid-epoch).
 
-    The indices skipped are never loaded: the pass draws the same order (from the loader's
-    generator, restored by the caller) and drops its head.
+    The indices skipped are never loaded: the pass draws the same order (from ``generator``,
+    whose state the caller restores) and drops its head.
     """
 
-    def __init__(self, order: Sampler[int]) -> None:
+    def __init__(self, order: Sampler[int], generator: torch.Generator) -> None:
         self.order = order
+        self.generator = generator
         self.skip = 0
 
     def __iter__(self) -> Iterator[int]:

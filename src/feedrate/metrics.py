@@ -123,6 +123,7 @@ class ResourceMonitor:
         limit_bytes: float | None = None,
         explicit_limit: bool = False,
         start_method: str | None = None,
+        cpu_root: int | None = None,
     ) -> None:
         self.interval_s = interval_s
         self.peaks = ResourcePeaks()
@@ -133,6 +134,9 @@ class ResourceMonitor:
         self.start_method = start_method
         self.tripped: str | None = None
         self._proc = psutil.Process(os.getpid())
+        # Whose CPU is the run's own: this process's tree, or under torchrun the launcher's
+        # (every rank of the machine and their workers), so sibling ranks are not "noise".
+        self._cpu_root = psutil.Process(cpu_root) if cpu_root else self._proc
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="feedrate-monitor", daemon=True)
         shm = shm_bytes()
@@ -197,9 +201,9 @@ class ResourceMonitor:
                 busy -= getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)  # in user
         ours = 0.0
         try:
-            t = self._proc.cpu_times()
+            t = self._cpu_root.cpu_times()
             ours = t.user + t.system + t.children_user + t.children_system  # + reaped workers
-            for child in self._proc.children(recursive=True):
+            for child in self._cpu_root.children(recursive=True):
                 try:
                     c = child.cpu_times()
                     ours += c.user + c.system

@@ -60,8 +60,11 @@ def lock(storage: str | None, study_name: str) -> IO[str] | None:
     return fh
 
 
-def fail_unfinished(study: optuna.Study, reason: str) -> list[int]:
-    """Mark the study's RUNNING trials failed with ``reason``; their numbers."""
+def fail_unfinished(
+    study: optuna.Study, reason: str, only: set[int] | None = None
+) -> list[int]:
+    """Mark the study's RUNNING trials (those with ids in ``only``, if given) failed with
+    ``reason``; their numbers."""
     from optuna.trial import TrialState
 
     storage = study._storage
@@ -69,6 +72,8 @@ def fail_unfinished(study: optuna.Study, reason: str) -> list[int]:
     set_state = getattr(storage, "set_trial_state", None) or storage.set_trial_state_values
     marked = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if only is not None and trial._trial_id not in only:
+            continue  # another sweep's, on a shared storage
         storage.set_trial_user_attr(trial._trial_id, REASON_KEY, reason)
         set_state(trial._trial_id, TrialState.FAIL)
         marked.append(trial.number)

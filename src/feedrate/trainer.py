@@ -167,6 +167,12 @@ def train(
     measure_start = window_start = 0.0
     window_samples = window_steps = 0
     window_wait = 0.0
+    # A checkpoint pauses training while workers go on filling their queues: the steps after
+    # it would eat that backlog at compute speed. So a save closes the window, and measuring
+    # resumes after a fresh warm-up; what workers produced meanwhile is not counted.
+    rewarm_until = -1
+    produced_paused_at: int | None = None
+    produced_gap = 0
     # Measured steps are timed end to end, so the gaps between epochs (a new iterator, workers
     # restarting) count as time spent waiting for data, and step times add up to wall time.
     t_prev_end: float | None = None
@@ -193,17 +199,19 @@ def train(
     while not done:
         t_iter = loader_created_at if first_epoch else time.perf_counter()
         batches_this_epoch = epoch_samples = 0
+        # The shuffle's source (feedrate.loader.ResumableSampler); a loader built elsewhere may
+        # have none, and then no position to resume from.
+        sampler = getattr(loader, "sampler", None)
+        shuffling = getattr(sampler, "generator", None)
         if first_epoch and resume is not None and resume.epoch_generator is not None:
             # The same shuffle as the interrupted epoch, without the samples already trained on
-            loader.generator.set_state(resume.epoch_generator)
-            loader.sampler.skip = epoch_samples = resume.epoch_samples
+            shuffling.set_state(resume.epoch_generator)
+            sampler.skip = epoch_samples = resume.epoch_samples
         resumed_into = epoch_samples  # samples of this epoch trained before a resume
-        order = getattr(getattr(loader, "sampler", None), "order", None)
+        order = getattr(sampler, "order", None)
         if hasattr(order, "set_epoch"):  # a DistributedSampler: this epoch's shuffle
             order.set_epoch(epoch)
-        # The shuffle's source; a loader built elsewhere may have none (then no position).
-        generator = getattr(loader, "generator", None)
-        epoch_generator = generator.get_state() if generator is not None else None
+        epoch_generator = shuffling.get_state() if shuffling is not None else None
         batches = iter(loader)
         first = True
         while True:
@@ -250,19 +258,25 @@ def train(
             step += 1
 
             measured_step = step - start - warmup
-            window_end = measured_step > 0 and (
-                measured_step % cfg.window_steps == 0 or step == total
-            )
-            if measured_step == 0:  # warm-up over: start the clock on a quiet device
+            restart = step == rewarm_until  # the warm-up after a checkpoint is over
+            measured = measured_step > 0 and step > rewarm_until
+            window_end = measured and (window_steps + 1 >= cfg.window_steps or step == total)
+            if measured_step == 0 or restart:  # warm-up over: start the clock, device quiet
                 _sync(hw.device)
-                monitor.start_cpu_window()  # samples memory: before the clock starts
-                measure_start = window_start = t_prev_end = time.perf_counter()
-                if measure is not Measure.compute:
-                    produced_at_start = produced_samples(loader)
+                if restart:
+                    now_produced = produced_samples(loader)
+                    if now_produced is not None and produced_paused_at is not None:
+                        produced_gap += now_produced - produced_paused_at
+                else:
+                    monitor.start_cpu_window()  # samples memory: before the clock starts
+                    measure_start = time.perf_counter()
+                    if measure is not Measure.compute:
+                        produced_at_start = produced_samples(loader)
+                window_start = t_prev_end = time.perf_counter()
                 loss_sum.zero_()
                 correct.zero_()
                 window_seen = 0
-            elif measured_step > 0:
+            elif measured:
                 t2 = time.perf_counter()
                 out_of_time = cfg.max_seconds is not None and t2 - measure_start >= cfg.max_seconds
                 window_end = window_end or out_of_time
@@ -279,7 +293,8 @@ def train(
                 if window_end:
                     span = t2 - window_start
                     if produced_at_start is not None:
-                        times.produced = produced_samples(loader) - produced_at_start
+                        produced = produced_samples(loader) - produced_at_start - produced_gap
+                        times.produced = produced
                     # A last window cut short by the clock or the step limit is too short to
                     # stand alone in the spread; its samples still count in the totals.
                     if window_steps >= max(2, cfg.window_steps // 2) or not times.window_rates:
@@ -300,7 +315,7 @@ def train(
                     window_seen = window_samples = window_steps = 0
                     window_wait = 0.0
                     window_start = t2
-                times.elapsed_s = t2 - measure_start
+                times.elapsed_s += t2 - t0  # the measured steps' own time, pauses left out
                 if out_of_time:
                     done = True
             bar.update(1)
@@ -314,14 +329,15 @@ def train(
                 interrupted = checkpoints.interrupt.is_set()
                 due = checkpoints.every is not None and step % checkpoints.every == 0
                 if checkpoints.save is not None and (due or interrupted):
-                    t_save = time.perf_counter()
                     path = checkpoints.save(position())
-                    # Saving is not loading: keep its time out of the measurement.
-                    pause = time.perf_counter() - t_save
-                    measure_start += pause
-                    window_start += pause
-                    if t_prev_end is not None:
-                        t_prev_end += pause
+                if due and step - start - warmup > 0 and step > rewarm_until:
+                    # every rank pauses (under torchrun, for rank 0's save): close the window
+                    if window_steps >= max(2, cfg.window_steps // 2):
+                        times.window_rates.append(window_samples / (t_prev_end - window_start))
+                    window_samples = window_steps = 0
+                    window_wait = 0.0
+                    produced_paused_at = produced_samples(loader)
+                    rewarm_until = step + cfg.warmup_steps
                 if interrupted:
                     bar.close()
                     saved = (

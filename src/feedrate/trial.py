@@ -9,6 +9,7 @@ shared-memory segments it left in ``/dev/shm`` are removed.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import math
 import os
@@ -25,6 +26,8 @@ import psutil
 from feedrate.files import atomic_write_text
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
+# Objectives a busy CPU distorts: a noisy measurement of one is taken again.
+THROUGHPUT = ("samples_per_sec", "consumed_samples_per_sec", "produced_samples_per_sec")
 
 
 @dataclass
@@ -79,14 +82,21 @@ def _remove_shm_of(pids: set[int]) -> None:
             (_SHM / name).unlink(missing_ok=True)
 
 
-def _die_with_parent() -> None:
+try:  # loaded here, not in the forked child, where loading a library is not safe
+    _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:  # not Linux
+    _LIBC = None
+
+
+def _die_with_parent(parent: int) -> None:
     """In the trial process (Linux): SIGKILL when the sweep that started it dies, so a killed
-    sweep leaves no trial running. Its DataLoader workers then see their parent gone and exit."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the sweep's own cleanup still kills the trial on Ctrl-C
+    sweep leaves no trial running. Its DataLoader workers then see their parent gone and exit.
+    Without it (not Linux), the sweep's own cleanup still kills the trial on Ctrl-C."""
+    if _LIBC is None:
+        return
+    _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the sweep died before the line above: follow it now
+        os._exit(137)
 
 
 def _kill_group(pgid: int) -> None:
@@ -128,14 +138,15 @@ def run_trial(
 ) -> TrialResult:
     """Run ``python script overrides``, output in ``job_dir``; a failing trial never raises.
 
-    A measurement flagged noisy (another process loaded the CPU, or its windows disagree) is
-    not trusted as it stands: the trial runs once more, the first run's files set aside in
-    ``job_dir/noisy_run``. If the second is noisy too, it is kept with the reason, so the
-    report shows which figures are doubtful.
+    A throughput flagged noisy (other processes kept the run's cores busy) is not trusted as
+    it stands: the trial runs once more, the first run's files set aside in
+    ``job_dir/noisy_run``. If the second is noisy too, or fails, the better-founded result is
+    kept with the reason, so the report shows which figures are doubtful. Objectives that are
+    not throughput (``val_accuracy``) do not depend on a busy CPU and are not repeated.
     """
     result = _run_once(script, overrides, job_dir, timeout_s, objective)
     first_noise = result.metrics.get("noise") if result.ok else None
-    if not first_noise:
+    if not first_noise or objective not in THROUGHPUT:
         return result
     job_dir = Path(job_dir)
     aside = job_dir / "noisy_run"
@@ -143,15 +154,22 @@ def run_trial(
     for entry in list(job_dir.iterdir()):
         if entry != aside:
             os.replace(entry, aside / entry.name)
+    result.job_dir = str(aside)
     again = _run_once(script, overrides, job_dir, timeout_s, objective)
-    if again.ok:
-        noise = again.metrics.get("noise")
-        again.reason = (
-            f"noisy twice: {'; '.join(noise)}"
-            if noise
-            else f"measured again: the first run was noisy ({'; '.join(first_noise)})"
+    if not again.ok:  # the noisy figure is still a figure: keep it, flagged
+        result.reason = (
+            f"noisy ({'; '.join(first_noise)}), and measuring it again failed: {again.reason}"
         )
-        again.save()
+        result.job_dir = str(job_dir)
+        result.save()
+        return result
+    noise = again.metrics.get("noise")
+    again.reason = (
+        f"noisy twice: {'; '.join(noise)}"
+        if noise
+        else f"measured again: the first run was noisy ({'; '.join(first_noise)})"
+    )
+    again.save()
     return again
 
 
@@ -173,7 +191,7 @@ def _run_once(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=functools.partial(_die_with_parent, os.getpid()),
         )
         pids.add(proc.pid)
         timed_out = False

@@ -5,8 +5,10 @@ when every trial failed: the sweep dies with a traceback before feedrate's callb
 report why the trials failed. This subclass lets the sweep end normally; the callback then
 prints the reasons and exits non-zero, leaving any existing preset untouched.
 
-On Ctrl-C the trial launcher has already killed the running trial; here that trial is marked
-failed in the study (not left "running"), and the sweep ends with status 130 and the way on.
+On Ctrl-C feedrate's trial launcher has already killed the running trial; here the trials this
+sweep asked for and did not finish are marked failed in the study (not left "running"), and
+the sweep ends with status 130 and the way on. (Jobs a cluster launcher submitted are the
+scheduler's to cancel.)
 """
 
 import logging
@@ -19,16 +21,29 @@ log = logging.getLogger(__name__)
 
 class FeedrateOptunaSweeper(OptunaSweeper):
     def sweep(self, arguments: list[str]) -> None:
+        import optuna
+
+        # The trials this sweep asks for, so Ctrl-C fails its own and never another sweep's
+        # on a shared storage.
+        asked: set[int] = set()
+        ask = optuna.study.Study.ask
+
+        def ask_and_remember(study, *args, **kwargs):
+            trial = ask(study, *args, **kwargs)
+            asked.add(trial._trial_id)
+            return trial
+
+        optuna.study.Study.ask = ask_and_remember
         try:
             return super().sweep(arguments)
         except KeyboardInterrupt:
-            import optuna
-
             from feedrate.study import fail_unfinished
 
             impl = self.sweeper  # the plugin keeps its settings on its implementation
             study = optuna.load_study(study_name=impl.study_name, storage=impl.storage)
-            marked = fail_unfinished(study, "interrupted (Ctrl-C) before the trial finished")
+            marked = fail_unfinished(
+                study, "interrupted (Ctrl-C) before the trial finished", only=asked
+            )
             done = sum(t.state.is_finished() for t in study.trials) - len(marked)
             log.error(
                 "interrupted (Ctrl-C): trial(s) %s marked failed, %d finished trials kept in"
@@ -44,3 +59,5 @@ class FeedrateOptunaSweeper(OptunaSweeper):
                 raise
             log.error("no trial of the study completed")
             return None
+        finally:
+            optuna.study.Study.ask = ask
