@@ -9,8 +9,8 @@ For each workload, in one run on one machine:
 2. measures, alternately and `--repeats` times each: PyTorch's `default`, the `recipe` preset,
    the configuration a CPU-capped tuner picks (`num_workers` = cores, persistent workers), the
    tuned preset, an exhaustive grid over `num_workers`, and the ceiling: the lower of the
-   loader-only throughput (`trainer.measure=loader`, best of the tuned and best grid
-   configurations) and the compute-only throughput on a device-resident batch
+   loader-only throughput (`trainer.measure=loader`: the tuned preset, and every grid point
+   once; the best of them) and the compute-only throughput on a device-resident batch
    (`trainer.measure=compute`);
 3. prints medians, spreads and ratios, checks the targets, and writes `<out>/bench.json` and
    `<out>/bench.png`.
@@ -138,11 +138,12 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
     if not grid or "tuned" not in med:
         raise SystemExit(f"[{workload}] too many failed runs to compare: {failures}")
     best_grid = max(grid, key=med.get)
-    # Ceilings: what the loader alone delivers to the device, and what the model alone consumes.
-    ceilings: dict[str, list[float]] = {"loader_tuned": [], "loader_best_grid": [], "compute": []}
+    # Ceilings: what the loader alone delivers to the device (at its best: the tuned preset,
+    # and once each at every grid point, since the best worker count without a model to feed
+    # can be far past the best with one), and what the model alone consumes.
+    ceilings: dict[str, list[float]] = {"loader_tuned": [], "compute": []}
     ceiling_runs = {
         "loader_tuned": [*runs["tuned"], "trainer.measure=loader"],
-        "loader_best_grid": [*runs[best_grid], "trainer.measure=loader"],
         "compute": ["loader=default", "trainer.measure=compute"],
     }
     for r in range(args.repeats):
@@ -153,8 +154,16 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
                 ceilings[name].append(res.value)
             shown = f"{res.value:,.1f}" if res.ok else f"FAILED {res.reason}"
             print(f"[{workload}] ceiling {name:>16}: {shown}", flush=True)
+    for n in args.grid:
+        name = f"loader_grid_{n}"
+        extra = [*runs[f"grid_{n}"], "trainer.measure=loader"]
+        res = run_trial(script, [*base, *extra], out / workload / f"ceiling_{name}", 300)
+        _record(out, workload, 0, f"ceiling_{name}", res)
+        ceilings[name] = [res.value] if res.ok else []
+        shown = f"{res.value:,.1f}" if res.ok else f"FAILED {res.reason}"
+        print(f"[{workload}] ceiling {name:>16}: {shown}", flush=True)
     ceil_med = {k: statistics.median(v) for k, v in ceilings.items() if v}
-    loader_ceiling = max(ceil_med.get("loader_tuned", 0), ceil_med.get("loader_best_grid", 0))
+    loader_ceiling = max((v for k, v in ceil_med.items() if k.startswith("loader")), default=0)
     ceiling = min(loader_ceiling, ceil_med.get("compute", float("inf")))
 
     def spread(v: list[float]) -> float:
