@@ -275,7 +275,12 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument(
+        "--workloads",
+        nargs="+",
+        default=["synthetic", "photos"],  # the CPU ones; gpu_check.sh runs "gpu"
+        choices=WORKLOADS,
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="measured window per run")
     parser.add_argument("--out", type=Path, default=None)
