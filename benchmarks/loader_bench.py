@@ -273,6 +273,66 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def summarise_runs(out: Path) -> dict:
+    """Medians, ceilings and ratios per workload from ``out/runs.jsonl`` (what a benchmark cut
+    short still has), by the same rules as a full run; draws ``out/bench.png``."""
+    rows = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines() if line]
+    results = {}
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        values: dict[str, list[float]] = {}
+        for r in rows:
+            if r["workload"] == workload and r["status"] == "ok":
+                values.setdefault(r["name"], []).append(r["samples_per_sec"])
+        med = {k: statistics.median(v) for k, v in values.items()}
+        grid = [k for k in med if k.startswith("grid_")]
+        loader = {k: v for k, v in med.items() if k.startswith("ceiling_loader")}
+        if "tuned" not in med or not grid or not loader or "ceiling_compute" not in med:
+            print(f"{workload}: not enough runs to compare")
+            continue
+        best_grid = max(grid, key=med.get)
+        ceiling = min(max(loader.values()), med["ceiling_compute"])
+        tuned = med["tuned"]
+        contestants = {k: v for k, v in values.items() if not k.startswith("ceiling_")}
+        results[workload] = {
+            "values": contestants,
+            "median": {k: med[k] for k in contestants},
+            "best_grid": best_grid,
+            "ceiling": ceiling,
+            "ceilings": {k: values[k] for k in values if k.startswith("ceiling_")},
+            "ratios": {
+                f"tuned/{k}": tuned / med[k]
+                for k in ("default", "recipe", "cpu_capped", best_grid)
+                if k in med
+            }
+            | {"tuned/ceiling": tuned / ceiling},
+        }
+        print(
+            f"\n{workload}: ceiling {ceiling:,.1f} (best loader-only"
+            f" {max(loader.values()):,.1f}, compute-only {med['ceiling_compute']:,.1f})"
+        )
+        for k in (
+            "default",
+            "recipe",
+            "cpu_capped",
+            "tuned",
+            *sorted(grid, key=lambda g: int(g[5:])),
+        ):
+            if k in med:
+                print(f"  {k:>12}: {med[k]:>9,.1f}  ({len(values[k])} runs)")
+        for k, v in results[workload]["ratios"].items():
+            target = TARGETS.get(workload, {}).get(k.replace(best_grid, "best_grid"))
+            goal = (
+                ""
+                if target is None
+                else f" (target >= {target}) {'PASS' if v >= target else 'MISS'}"
+            )
+            print(f"  {k:>22} = {v:.2f}{goal}")
+    (out / "summary.json").write_text(json.dumps(results, indent=2) + "\n")
+    plot(results, out / "bench.png")
+    print(f"\nwrote {out / 'summary.json'} and {out / 'bench.png'}")
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -295,7 +355,16 @@ def main() -> int:
     parser.add_argument(
         "--preset-name", default=None, help="the preset the sweep writes (default bench_<workload>)"
     )
+    parser.add_argument(
+        "--summarise",
+        type=Path,
+        default=None,
+        metavar="OUT",
+        help="only summarise OUT/runs.jsonl of an earlier (or cut short) run",
+    )
     args = parser.parse_args()
+    if args.summarise:
+        return 0 if summarise_runs(args.summarise.resolve()) else 1
 
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     out = (args.out or ROOT / "benchmarks" / "results" / f"{stamp}_{platform.node()}").resolve()

@@ -49,3 +49,55 @@ def test_the_gpu_check_runs_every_stage_in_smoke_mode(tmp_path):
     preset = (out / "gpu_check_smoke.yaml").read_text()
     assert "python train.py loader=gpu_check_smoke" in preset
     assert (project / "conf" / "loader" / "gpu_check_smoke.yaml").exists()
+
+
+def test_a_benchmark_cut_short_is_summarised_from_its_runs(tmp_path):
+    rows = []
+    for name, values in {
+        "default": [90, 94],
+        "recipe": [350, 352],
+        "cpu_capped": [176, 178],
+        "tuned": [1300, 1310],
+        "grid_0": [92, 92],
+        "grid_16": [1270, 1280],
+        "ceiling_loader_tuned": [1350, 1360],
+        "ceiling_loader_grid_48": [2370],
+        "ceiling_compute": [2600, 2620],
+    }.items():
+        for r, v in enumerate(values):
+            rows.append(
+                {
+                    "workload": "synthetic",
+                    "round": r,
+                    "name": name,
+                    "samples_per_sec": v,
+                    "status": "ok",
+                    "reason": "",
+                }
+            )
+    rows.append(
+        {
+            "workload": "synthetic",
+            "round": 1,
+            "name": "grid_0",
+            "samples_per_sec": None,
+            "status": "failed",
+            "reason": "killed",
+        }
+    )
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/loader_bench.py", "--summarise", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())["synthetic"]
+    assert summary["best_grid"] == "grid_16"
+    assert summary["ceiling"] == 2370  # the best loader-only figure, below compute-only
+    assert summary["ratios"]["tuned/recipe"] == pytest.approx(1305 / 351)
+    assert summary["ratios"]["tuned/ceiling"] == pytest.approx(1305 / 2370)
+    assert "tuned/recipe = 3.72 (target >= 5.0) MISS" in proc.stdout
+    assert (tmp_path / "bench.png").stat().st_size > 0
