@@ -25,6 +25,7 @@ from feedrate.checks import find_unpicklable, start_method, type_name, validate
 from feedrate.errors import FeedrateError
 from feedrate.faults import Context, shm_needed
 from feedrate.launch import build_dataset, compose, default_config_dir
+from feedrate.metrics import data_workers
 from feedrate.preset import plain_data_problems
 
 MB = 2**20
@@ -70,11 +71,9 @@ def _worker_memory(dataset, batch_size: int, method: str) -> tuple[float, float]
     peaks: dict[int, float] = {}  # each worker's peak
     for _ in range(min(8, len(loader))):
         next(it)
-        # forkserver workers are the server's children: all descendants, workers only
-        for child in me.children(recursive=True):
+        for worker in data_workers(me):
             try:
-                if child.name() == "pt_data_worker":
-                    peaks[child.pid] = max(peaks.get(child.pid, 0.0), child.memory_full_info().pss)
+                peaks[worker.pid] = max(peaks.get(worker.pid, 0.0), worker.memory_full_info().pss)
             except psutil.Error:
                 continue
     main = me.memory_full_info().pss

@@ -11,10 +11,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import psutil
 from omegaconf import DictConfig
 
-from feedrate.hardware import shm_bytes
+from feedrate.hardware import available_memory, shm_bytes
 
 log = logging.getLogger(__name__)
 MB = 2**20
@@ -44,7 +43,7 @@ class FeasibilityGuard:
         self.budget_frac = budget_frac
         self.footprint = Footprint()
         self.learned = False
-        self.ram_budget_mb = psutil.virtual_memory().available / MB * budget_frac
+        self.ram_budget_mb = available_memory() / MB * budget_frac  # within a cgroup limit
         shm = shm_bytes()
         self.shm_budget_mb = (shm[0] - shm[1]) / MB * budget_frac if shm else float("inf")
 

@@ -65,6 +65,19 @@ def _tree_memory(proc: psutil.Process) -> tuple[float, float, int, dict[int, flo
     return pss, uss, count, children
 
 
+def data_workers(proc: psutil.Process) -> list[psutil.Process]:
+    """``proc``'s DataLoader workers, wherever they hang in its tree (forkserver workers are
+    the server's children); PyTorch names each ``pt_data_worker``."""
+    found = []
+    for child in proc.children(recursive=True):
+        try:
+            if child.name() == "pt_data_worker":
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
 def guard_message(
     total: float, limit: float, worker_uss: list[float], explicit: bool, start_method: str | None
 ) -> str:
@@ -177,10 +190,9 @@ class ResourceMonitor:
     def _end_workers(self) -> None:
         """SIGKILL the DataLoader workers: memory comes back now, and a main process stuck
         waiting on them fails at once instead of at the OOM killer's hand."""
-        for child in self._proc.children(recursive=True):
+        for worker in data_workers(self._proc):
             try:
-                if child.name() == "pt_data_worker":
-                    child.kill()
+                worker.kill()
             except psutil.Error:
                 continue
 

@@ -60,9 +60,7 @@ def lock(storage: str | None, study_name: str) -> IO[str] | None:
     return fh
 
 
-def fail_unfinished(
-    study: optuna.Study, reason: str, only: set[int] | None = None
-) -> list[int]:
+def fail_unfinished(study: optuna.Study, reason: str, only: set[int] | None = None) -> list[int]:
     """Mark the study's RUNNING trials (those with ids in ``only``, if given) failed with
     ``reason``; their numbers."""
     from optuna.trial import TrialState
