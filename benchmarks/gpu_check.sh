@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_check.sh                 # under 10 minutes on one H200 with 16 cores
 #
 # 1. the driver and the environment: nvidia-smi, and environment.json of a short run;
-# 2. the GPU tests: pytest -m gpu (CUDA touched before fork, the gpu profile);
+# 2. the GPU tests: pytest -m gpu (the gpu profile trains with bf16, channels_last and pinned
+#    memory; CUDA touched before fork is named);
 # 3. the loader benchmark on hardware=h200, photos at 224 px, ResNet-50 in bf16: a loader sweep
 #    from scratch that writes conf/loader/$PRESET.yaml, then PyTorch's default, the recipe, a
 #    CPU-capped tuner's pick, the tuned preset and a num_workers grid measured alternately, and

@@ -117,6 +117,9 @@ def test_typos_and_wrong_types_fail_at_composition(compose, override, key):
         (["loader.timeout=5"], "loader.timeout=5.0 applies to worker processes"),
         (["loader.num_workers=2", "loader.prefetch_factor=0"], "loader.prefetch_factor=0"),
         (["objective=speed"], "objective='speed' is not a metric"),
+        (["model.width=0"], "model.width=0 must be at least 1"),
+        (["model=pooled_linear", "model.grid=-2"], "model.grid=-2 must be at least 1"),
+        (["hardware.memory_limit_gb=0"], "hardware.memory_limit_gb=0.0 must be positive"),
     ],
 )
 def test_bad_values_are_refused_before_anything_runs(compose, overrides, message):
@@ -151,6 +154,85 @@ def test_pin_memory_without_cuda_is_switched_off_with_a_log_line(compose, caplog
     assert kwargs["pin_memory"] is False
     lines = [r.getMessage() for r in caplog.records if "pin_memory" in r.getMessage()]
     assert lines == ["pin_memory disabled: no CUDA device <cfg.loader.pin_memory>"]
+
+
+def test_hardware_pinning_asked_for_on_a_cpu_is_switched_off_with_a_log_line(compose, caplog):
+    cfg = compose("hardware.pin_memory=true", "loader=ssd_8core")  # pins as the profile says
+    assert cfg.loader.pin_memory is None
+    hw = resolve(cfg.hardware, _cpu_fingerprint())
+    with caplog.at_level(logging.INFO, logger="feedrate"):
+        assert loader_kwargs(cfg.loader, hw)["pin_memory"] is False
+    lines = [r.getMessage() for r in caplog.records if "pin_memory" in r.getMessage()]
+    assert lines == ["pin_memory disabled: no CUDA device <cfg.hardware.pin_memory>"]
+
+
+def _gpu_fingerprint() -> Fingerprint:
+    return Fingerprint(
+        "cpu", 16, 32, 16.0, 128.0, 64.0, "NVIDIA H200", 1, 141.0, False, "Linux", "3.11", "2"
+    )
+
+
+@pytest.mark.parametrize("profile", ["auto", "gpu", "h200"])
+def test_on_a_gpu_the_profile_turns_on_what_feeds_it(compose, profile, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    hw = resolve(compose(f"hardware={profile}").hardware, _gpu_fingerprint())
+    assert hw.device == torch.device("cuda")
+    assert hw.amp_dtype is torch.bfloat16
+    assert (hw.channels_last, hw.cudnn_benchmark, hw.non_blocking, hw.pin_memory) == (
+        True,
+        True,
+        True,
+        True,
+    )
+
+
+def test_on_a_gpu_presets_pin_and_pytorchs_default_says_it_does_not(compose, caplog):
+    hw = resolve(compose("hardware=gpu").hardware, _gpu_fingerprint())
+    assert loader_kwargs(compose("loader=ssd_8core").loader, hw)["pin_memory"] is True
+    with caplog.at_level(logging.INFO, logger="feedrate"):
+        assert loader_kwargs(compose("loader=default").loader, hw)["pin_memory"] is False
+    assert "pin_memory=false: host-to-device copies come from pageable memory" in caplog.text
+
+
+def test_the_fingerprint_names_what_loaders_depend_on(tmp_path):
+    import shutil
+
+    import psutil
+
+    from feedrate.hardware import detect
+
+    fp = detect(tmp_path)
+    assert fp.cpu_model and fp.logical_cores == psutil.cpu_count(logical=True)
+    assert fp.physical_cores in (None, psutil.cpu_count(logical=False))
+    assert 0 < fp.usable_cores <= fp.logical_cores
+    assert fp.ram_gb == pytest.approx(psutil.virtual_memory().total / 1e9)
+    assert fp.shm_gb == pytest.approx(shutil.disk_usage("/dev/shm").total / 1e9)
+    assert fp.data_disk_rotational in (True, False, None)
+    assert fp.gpu_count == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    line = fp.short()
+    for part in (fp.cpu_model, f"{fp.logical_cores} logical", "RAM", "/dev/shm", "data on"):
+        assert part in line
+    gpu = _gpu_fingerprint().short()
+    assert "1x NVIDIA H200 (141 GB)" in gpu and "data on SSD" in gpu
+
+
+def test_every_launcher_config_composes_to_a_launcher_hydra_can_import():
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.utils import get_class
+
+    names = sorted(p.stem for p in (CONF / "hydra" / "launcher").glob("*.yaml"))
+    assert names == ["loader_trial", "lr_trial", "slurm"]
+    for name in names:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = hydra_compose(
+                "train", overrides=[f"hydra/launcher={name}"], return_hydra_config=True
+            )
+        launcher = get_class(cfg.hydra.launcher._target_)
+        assert launcher.__name__ in ("FeedrateTrialLauncher", "SlurmLauncher"), name
+    GlobalHydra.instance().clear()
 
 
 def test_gpu_profile_without_a_gpu_is_refused(compose):

@@ -7,13 +7,15 @@ import threading
 
 import pytest
 import torch
+from torch.utils.data import Subset
 
 from feedrate import dataset as ds
 from feedrate.checks import check_picklable, find_unpicklable
 from feedrate.errors import ConfigError, DatasetError
+from feedrate.faults import GuardedDataset
 from feedrate.launch import build_dataset
 
-from .conftest import PHOTOS
+from .conftest import PHOTOS, TINY, run_cli
 
 
 def test_photos_build_once_then_reuse(compose, photos_root, caplog, monkeypatch):
@@ -137,8 +139,34 @@ def test_unpicklable_dataset_is_refused_for_spawn_and_forkserver(method):
         check_picklable(_LockedDataset(), method)
     message = str(info.value)
     assert f"not picklable for start method '{method}'" in message
-    assert "'dataset.index.lock' is a _thread.lock" in message
+    assert "dataset.index.lock: _thread.lock cannot be pickled" in message
     assert "__getstate__" in message  # says what to do
+
+
+def test_the_path_starts_at_the_users_dataset_through_the_runs_wrappers():
+    # A run wraps the dataset in its sample-error guard, and in a Subset with a validation split
+    wrapped = GuardedDataset(Subset(_LockedDataset(), [0, 1, 2]))
+    with pytest.raises(ConfigError, match=r"dataset\.index\.lock: _thread\.lock cannot"):
+        check_picklable(wrapped, "spawn")
+
+
+def test_cli_refuses_an_unpicklable_dataset_before_spawning(tmp_path):
+    proc = run_cli(
+        "dataset=custom",
+        "dataset._target_=tests.test_sweep.HoldsLock",
+        "loader=notebook",  # spawn workers
+        "trainer.val_fraction=0.25",
+        *TINY,
+        f"hydra.run.dir={tmp_path}",
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert (
+        "dataset is not picklable for start method 'spawn':"
+        " dataset.index['lock']: _thread.lock cannot be pickled" in out
+    )
+    assert "Traceback" not in out
+    assert not (tmp_path / "metrics.json").exists()
 
 
 def test_fork_does_not_need_a_picklable_dataset():

@@ -62,8 +62,9 @@ def test_a_dataset_spawn_cannot_receive_is_unsafe_under_spawn():
         "loader.multiprocessing_context=spawn",
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "picklable          no: attribute dataset.index['lock'] is a _thread.lock" in (
-        proc.stdout
+    assert (
+        "picklable          no: dataset.index['lock']: _thread.lock cannot be pickled"
+        in proc.stdout
     )
     assert "[UNSAFE] start method       spawn cannot receive this dataset" in proc.stdout
 

@@ -610,7 +610,7 @@ def test_a_dataset_spawn_cannot_pickle_drops_spawn_from_the_search(compose, capl
     with caplog.at_level("WARNING", logger="feedrate.sweep"):
         assert start_methods(cfg) == ["fork"]
     assert (
-        "dataset is not picklable (attribute dataset.index['lock'] is a _thread.lock):"
+        "dataset is not picklable (dataset.index['lock']: _thread.lock cannot be pickled):"
         " spawn, forkserver workers could not receive it" in caplog.text
     )
     picklable = compose(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -40,6 +42,9 @@ def test_train_py_runs_end_to_end_and_writes_sane_metrics(tmp_path, photos_root)
     assert m["step_time_p50_ms"] <= m["step_time_p90_ms"]
     assert m["peak_pss_mb"] > m["peak_main_pss_mb"] > 0
     assert m["peak_processes"] == 3, "main process plus 2 workers"
+    assert 0 < m["peak_uss_mb"] < m["peak_pss_mb"], "USS leaves out shared pages, PSS splits them"
+    assert 0 < m["cpu_util"] <= 1 and 0 <= m["other_cpu_frac"] <= 1
+    assert m["peak_shm_mb"] >= 0, "workers hand batches over through /dev/shm"
     assert m["bound"] in ("input-bound", "compute-bound") and m["evidence"]
     assert m["run"]["loader"]["num_workers"] == 2
     assert m["run"]["fingerprint"]["logical_cores"] >= 1
@@ -52,6 +57,19 @@ def test_train_py_runs_end_to_end_and_writes_sane_metrics(tmp_path, photos_root)
     assert env["packages"]["torch"] == importlib.metadata.version("torch")
     assert env["python"].startswith("3.") and env["fingerprint"]["logical_cores"] >= 1
     assert env["cuda_available"] == torch.cuda.is_available()
+
+
+def test_the_progress_bar_shows_live_samples_per_second_and_data_wait(tmp_path):
+    proc = run_cli(
+        *shrink(["trainer.max_steps=12", "trainer.window_steps=3"]),
+        "trainer.progress=true",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bar = [line for line in proc.stderr.replace("\r", "\n").splitlines() if "train:" in line]
+    assert bar, proc.stderr[-2000:]
+    assert "12/12" in bar[-1]
+    assert re.search(r"samples/s=[\d,]+, wait=\d+%", bar[-1]), bar[-1]
 
 
 def test_cfg_job_and_help_work_like_any_hydra_app():
@@ -276,3 +294,24 @@ def test_a_checkpoint_pause_is_left_out_of_the_measurement(tmp_path, compose):
     assert metrics["measured_steps"] == 24 and metrics["steps"] == 30
     assert metrics["measured_samples"] == 24 * 16
     assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] == 30
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_gpu_profile_drives_the_gpu_with_what_feeds_it(tmp_path, photos_root):
+    proc = run_cli(
+        *shrink([*PHOTOS, f"dataset.root={photos_root}"]),
+        "hardware=gpu",
+        "loader=ssd_8core",
+        "model=resnet18",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = _metrics(tmp_path)
+    run = m["run"]
+    assert run["device"] == "cuda" and run["amp_dtype"] == "torch.bfloat16"
+    assert run["channels_last"] and run["cudnn_benchmark"] and run["non_blocking"]
+    assert run["loader"]["pin_memory"] is True, "the preset leaves pinning to the gpu profile"
+    assert run["fingerprint"]["gpu_count"] >= 1 and run["fingerprint"]["gpu_memory_gb"] > 0
+    assert m["samples_per_sec"] > 0
+    assert m["final_loss"] is not None and math.isfinite(m["final_loss"]), "bf16 trained"

@@ -13,8 +13,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from omegaconf import DictConfig
+from torch.utils.data import Subset
 
 from feedrate.errors import ConfigError
+from feedrate.faults import GuardedDataset
 from feedrate.metrics import METRIC_NAMES
 
 # Dataset keys that are counts or sizes, across the built-in datasets.
@@ -28,6 +30,7 @@ _POSITIVE_DATASET_KEYS = (
     "jpeg_quality",
 )
 _NON_NEGATIVE_DATASET_KEYS = ("io_latency_ms", "cpu_ms")
+_POSITIVE_MODEL_KEYS = ("width", "grid")
 
 
 def _value(v: Any) -> Any:
@@ -128,6 +131,15 @@ def _trainer_problems(trainer: DictConfig) -> Iterable[str]:
         yield f"trainer.val_fraction={trainer.val_fraction} must be in [0, 1)"
 
 
+def _model_problems(model: DictConfig) -> list[str]:
+    """Sizes of the built-in models (a user's model class checks its own arguments)."""
+    return [
+        f"model.{key}={v} must be at least 1"
+        for key in _POSITIVE_MODEL_KEYS
+        if isinstance(v := model.get(key), int) and not isinstance(v, bool) and v < 1
+    ]
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise one ConfigError listing every value in ``cfg`` that cannot work."""
     problems = [
@@ -135,8 +147,15 @@ def validate(cfg: DictConfig) -> None:
         *_dataset_problems(cfg.dataset),
         *_trainer_problems(cfg.trainer),
     ]
+    problems += _model_problems(cfg.model)
     if cfg.hardware.torch_threads is not None and cfg.hardware.torch_threads < 1:
         problems.append(f"hardware.torch_threads={cfg.hardware.torch_threads} must be at least 1")
+    limit = cfg.hardware.memory_limit_gb
+    if limit is not None and limit <= 0:
+        problems.append(
+            f"hardware.memory_limit_gb={limit} must be positive, or null (90% of the memory"
+            " available at the start)"
+        )
     if cfg.objective not in METRIC_NAMES:
         problems.append(
             f"objective={cfg.objective!r} is not a metric; choose one of {', '.join(METRIC_NAMES)}"
@@ -189,17 +208,29 @@ def type_name(obj: Any) -> str:
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
+def unpicklable(dataset: Any) -> str | None:
+    """What keeps ``dataset`` from pickling, as ``dataset.index.lock: _thread.lock``; None when
+    it pickles. The wrappers a run adds (the sample-error guard, the train/validation subset)
+    are looked through, so the path starts at the user's own object."""
+    while isinstance(dataset, (GuardedDataset, Subset)):
+        dataset = dataset.dataset
+    found = find_unpicklable(dataset)
+    if found is None:
+        return None
+    path, value = found
+    return f"{path}: {type_name(value)}"
+
+
 def check_picklable(dataset: Any, method: str) -> None:
     """Refuse, before spawning, a dataset that ``spawn``/``forkserver`` workers cannot receive."""
     if method == "fork":
         return
-    found = find_unpicklable(dataset)
+    found = unpicklable(dataset)
     if found is None:
         return
-    path, value = found
     raise ConfigError(
-        f"dataset is not picklable for start method '{method}': attribute '{path}' is a"
-        f" {type_name(value)}. Workers started with '{method}' receive the dataset by pickling."
+        f"dataset is not picklable for start method '{method}': {found} cannot be pickled."
+        f" Workers started with '{method}' receive the dataset by pickling."
         " Open such handles lazily in the worker (in __getitem__ or a worker_init_fn) and drop"
         " them in __getstate__, or use loader.multiprocessing_context=fork where the OS allows it"
     )

@@ -21,7 +21,7 @@ import psutil
 import torch
 
 from feedrate import hardware
-from feedrate.checks import find_unpicklable, start_method, type_name, validate
+from feedrate.checks import start_method, unpicklable, validate
 from feedrate.errors import FeedrateError
 from feedrate.faults import Context, shm_needed
 from feedrate.launch import build_dataset, compose, default_config_dir
@@ -145,16 +145,15 @@ def diagnose_machine(overrides: list[str], presets: list[Path], measure: bool = 
         f" ({_mb(sample_bytes * cfg.loader.batch_size)} a batch of {cfg.loader.batch_size}),"
         f" built in {time.perf_counter() - t0:.1f} s",
     )
-    found = find_unpicklable(dataset)
+    found = unpicklable(dataset)
     if found is None:
         report.line("ok", "picklable", "yes: any start method can receive it")
     else:
-        path, value = found
         report.line(
             "warn",
             "picklable",
-            f"no: attribute {path} is a {type_name(value)}; fork works, spawn and forkserver"
-            " cannot receive it (open such handles lazily in the worker)",
+            f"no: {found} cannot be pickled; fork works, spawn and forkserver cannot receive it"
+            " (open such handles lazily in the worker)",
         )
     method = start_method(cfg.loader)
     per_worker = 0.0

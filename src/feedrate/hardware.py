@@ -37,6 +37,8 @@ class Fingerprint:
 
     def short(self) -> str:
         gpu = f"{self.gpu_count}x {self.gpu_name}" if self.gpu_count else "no GPU"
+        if self.gpu_count and self.gpu_memory_gb is not None:
+            gpu += f" ({self.gpu_memory_gb:.0f} GB)"
         shm = f"{self.shm_gb:.1f}" if self.shm_gb is not None else "?"
         disk = {True: "HDD", False: "SSD", None: "disk ?"}[self.data_disk_rotational]
         return (

@@ -224,12 +224,12 @@ def _run(
         resume_hint=f"python train.py {' '.join(_overrides(out))} trainer.resume=true",
     )
     limit_gb = cfg.hardware.memory_limit_gb
-    machine_limit = limit_gb * 2**30 if limit_gb else _default_memory_limit()
+    machine_limit = limit_gb * 2**30 if limit_gb is not None else _default_memory_limit()
     with (
         ResourceMonitor(
             # the machine's memory, shared by the ranks on it
             limit_bytes=machine_limit / ranks.local_world_size,
-            explicit_limit=bool(limit_gb),
+            explicit_limit=limit_gb is not None,
             start_method=loader_args.get("multiprocessing_context"),
             cpu_root=os.getppid() if ranks.enabled else None,
         ) as monitor,
@@ -301,6 +301,9 @@ def _run(
         "fingerprint": fingerprint.as_dict(),
         "device": str(hw.device),
         "amp_dtype": str(hw.amp_dtype),
+        "channels_last": hw.channels_last,
+        "cudnn_benchmark": hw.cudnn_benchmark,
+        "non_blocking": hw.non_blocking,
         "loader": loader_args,
         "dataset_len": len(dataset),
         "sample_bytes": sample.element_size() * sample.nelement(),

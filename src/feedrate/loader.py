@@ -24,7 +24,6 @@ from torch.utils.data import (
 from torch.utils.data._utils.collate import default_collate
 
 from feedrate.checks import check_picklable, start_method
-from feedrate.faults import GuardedDataset
 from feedrate.hardware import Hardware, usable_cores
 
 log = logging.getLogger(__name__)
@@ -40,9 +39,17 @@ def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
     """DataLoader keyword arguments from ``cfg.loader``, resolved for this hardware."""
     pin = hw.pin_memory if cfg.pin_memory is None else bool(cfg.pin_memory)
     if pin and not hw.is_cuda:
-        if cfg.pin_memory:  # asked for explicitly: say why it is off
-            log.info("pin_memory disabled: no CUDA device <cfg.loader.pin_memory>")
+        # Asked for explicitly (off a GPU, the profile pins only when told to): say why it is off
+        key = "loader" if cfg.pin_memory else "hardware"
+        log.info("pin_memory disabled: no CUDA device <cfg.%s.pin_memory>", key)
         pin = False
+    elif hw.is_cuda and hw.pin_memory and not pin:
+        log.info(
+            "pin_memory=false: host-to-device copies come from pageable memory and do not"
+            " overlap compute (loader.pin_memory=null follows the %s profile, which pins)"
+            " <cfg.loader.pin_memory>",
+            hw.name,
+        )
     kwargs = {
         "batch_size": cfg.batch_size,
         "shuffle": cfg.shuffle,
@@ -109,8 +116,7 @@ def build_loader(
     """
     workers = kwargs["num_workers"]
     if workers > 0:
-        inner = dataset.dataset if isinstance(dataset, GuardedDataset) else dataset
-        check_picklable(inner, kwargs["multiprocessing_context"])
+        check_picklable(dataset, kwargs["multiprocessing_context"])
     cores = usable_cores()
     if workers > cores:
         log.info(

@@ -91,7 +91,7 @@ def start_methods(cfg: DictConfig) -> list[str]:
             dropped = [m for m in methods if m != "fork"]
             methods = ["fork"]
             _warn_once(
-                f"dataset is not picklable (attribute {found[0]} is a {found[1]}):"
+                f"dataset is not picklable ({found} cannot be pickled):"
                 f" {', '.join(dropped)} workers could not receive it, so the search drops"
                 " those start methods and runs fork trials only <cfg.sweep.start_methods>"
             )
@@ -99,14 +99,13 @@ def start_methods(cfg: DictConfig) -> list[str]:
 
 
 @functools.lru_cache(maxsize=8)
-def _unpicklable(dataset_yaml: str) -> tuple[str, str] | None:
-    """(attribute path, type) of what keeps the dataset from pickling, or None; once per
-    dataset config, since the search space asks at every trial."""
-    from feedrate.checks import find_unpicklable, type_name
+def _unpicklable(dataset_yaml: str) -> str | None:
+    """What keeps the dataset from pickling (``dataset.index.lock: _thread.lock``), or None;
+    once per dataset config, since the search space asks at every trial."""
+    from feedrate.checks import unpicklable
     from feedrate.launch import build_dataset
 
-    found = find_unpicklable(build_dataset(OmegaConf.create(dataset_yaml)))
-    return None if found is None else (found[0], type_name(found[1]))
+    return unpicklable(build_dataset(OmegaConf.create(dataset_yaml)))
 
 
 @functools.lru_cache(maxsize=32)
