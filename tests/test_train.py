@@ -80,6 +80,11 @@ def test_cfg_job_and_help_work_like_any_hydra_app():
     assert proc.returncode == 0
     for group in ("dataset:", "loader:", "model:", "hardware:", "trainer:"):
         assert group in proc.stdout
+    # tab completion, as the shell asks for it after eval "$(python train.py -sc install=bash)"
+    line = "python train.py loader="
+    proc = run_cli("-sc", "query=bash", env={"COMP_LINE": line, "COMP_POINT": str(len(line))})
+    assert proc.returncode == 0, proc.stderr
+    assert {"loader=default", "loader=recipe", "loader=ssd_8core"} <= set(proc.stdout.split())
 
 
 def test_train_returns_the_configured_objective(compose, tmp_path, monkeypatch):
