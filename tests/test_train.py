@@ -61,7 +61,8 @@ def test_train_py_runs_end_to_end_and_writes_sane_metrics(tmp_path, photos_root)
 
 def test_the_progress_bar_shows_live_samples_per_second_and_data_wait(tmp_path):
     proc = run_cli(
-        *shrink(["trainer.max_steps=12", "trainer.window_steps=3"]),
+        # 10 ms a sample: steps slow enough for the bar to redraw between them
+        *shrink(["trainer.max_steps=12", "trainer.window_steps=3", "dataset.io_latency_ms=10"]),
         "trainer.progress=true",
         f"hydra.run.dir={tmp_path}",
     )
@@ -69,6 +70,7 @@ def test_the_progress_bar_shows_live_samples_per_second_and_data_wait(tmp_path):
     bar = [line for line in proc.stderr.replace("\r", "\n").splitlines() if "train:" in line]
     assert bar, proc.stderr[-2000:]
     assert "12/12" in bar[-1]
+    assert any("warm-up: 2 steps unmeasured" in line for line in bar), "says why no figures yet"
     assert re.search(r"samples/s=[\d,]+, wait=\d+%", bar[-1]), bar[-1]
 
 

@@ -185,6 +185,8 @@ def train(
         disable=not cfg.progress,
         dynamic_ncols=True,
     )
+    if warmup > 0:  # the figures come per window, after the warm-up
+        bar.set_postfix_str(f"warm-up: {warmup} steps unmeasured", refresh=False)
     first_epoch = True
     done = False
     per_batch = getattr(loader, "batch_size", None) or 0  # samples the sampler hands a batch
@@ -273,6 +275,8 @@ def train(
                     if measure is not Measure.compute:
                         produced_at_start = produced_samples(loader)
                 window_start = t_prev_end = time.perf_counter()
+                if not times.window_rates:
+                    bar.set_postfix_str("measuring: figures at each window's end")
                 loss_sum.zero_()
                 correct.zero_()
                 window_seen = 0
