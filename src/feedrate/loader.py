@@ -8,6 +8,7 @@ import multiprocessing.queues
 import os
 import signal
 import sys
+import threading
 import warnings
 from collections.abc import Iterator, Sized
 
@@ -141,13 +142,35 @@ def build_loader(
     else:
         order = SequentialSampler(dataset)
     kwargs = {**kwargs, "shuffle": False, "sampler": ResumableSampler(order, shuffling)}
-    return DataLoader(
+    return _Loader(
         dataset,
         generator=generator,
         collate_fn=CountingCollate(workers),
         worker_init_fn=_init_worker if workers > 0 else None,
         **kwargs,
     )
+
+
+class _Loader(DataLoader):
+    """A DataLoader whose workers are born deaf to Ctrl-C.
+
+    A terminal's Ctrl-C reaches the whole process group. Workers ignore it (the main process
+    finishes its step, saves and ends them), but only from :func:`_init_worker` on, and a
+    ``spawn`` or ``forkserver`` worker imports torch and unpickles the dataset for seconds
+    before that: a Ctrl-C then would kill it and fail the run. So SIGINT is ignored while this
+    process starts workers: an ignored signal stays ignored across fork and exec, and Python
+    keeps it so at start-up. (A blocked mask would not do: multiprocessing's children start
+    with none.) A Ctrl-C in those few milliseconds is dropped, not deferred.
+    """
+
+    def __iter__(self):
+        if self.num_workers == 0 or threading.current_thread() is not threading.main_thread():
+            return super().__iter__()  # no workers to start; or no say over signals
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return super().__iter__()
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
 
 class ResumableSampler(Sampler[int]):
@@ -175,7 +198,7 @@ def _init_worker(worker_id: int) -> None:
     """In each worker: ignore Ctrl-C (the main process finishes its step, saves, and ends the
     workers), and report a batch that cannot be sent in one line, not a traceback per thread:
     the main process names the cause (too many open files, shared memory) with its fix."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # born so (_Loader); a foreign start may not be
 
     devnull = os.open(os.devnull, os.O_WRONLY)  # opened now: at the error, no fd may be left
 
