@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -44,6 +45,30 @@ class KilledWorker(Exploding):
     def __getitem__(self, i):
         if get_worker_info() is not None and get_worker_info().id == 1:
             os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i % 5)
+
+
+class Crashes(Exploding):
+    """A worker dies by a signal: a native decoder's segfault, a scheduler's SIGTERM."""
+
+    signal = signal.SIGSEGV
+
+    def __getitem__(self, i):
+        if get_worker_info() is not None and get_worker_info().id == 1:
+            os.kill(os.getpid(), self.signal)
+        return super().__getitem__(i % 5)
+
+
+class Terminated(Crashes):
+    signal = signal.SIGTERM
+
+
+class Exits(Exploding):
+    """A worker's dataset calls exit: no signal, no error."""
+
+    def __getitem__(self, i):
+        if get_worker_info() is not None and get_worker_info().id == 1:
+            os._exit(3)
         return super().__getitem__(i % 5)
 
 
@@ -127,6 +152,21 @@ def test_killed_worker_is_reported_as_probably_out_of_memory(compose, tmp_path):
     message = str(info.value)
     assert "worker was killed (SIGKILL), probably by the out-of-memory killer" in message
     assert "MB (PSS)" in message and "loader.num_workers" in message
+
+
+@pytest.mark.parametrize(
+    ("cls", "expected"),
+    [
+        ("Crashes", "killed by signal 'Segmentation fault' (SIGSEGV: native code"),
+        ("Terminated", "killed by signal 'Terminated' (SIGTERM: something outside the run"),
+        ("Exits", "exited unexpectedly with exit code 3, without an error"),
+    ],
+)
+def test_a_worker_killed_by_another_signal_is_named_with_its_cause(
+    compose, tmp_path, cls, expected
+):
+    with pytest.raises(LoaderFailure, match=re.escape(expected)):
+        feedrate.run(_custom(compose, cls, "loader.num_workers=2"), output_dir=tmp_path)
 
 
 def test_hung_worker_is_stopped_by_the_timeout(compose, tmp_path):

@@ -124,6 +124,22 @@ def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
             " The run was stopped and its workers ended; check the storage, or raise"
             " loader.timeout if samples are legitimately that slow"
         )
+    killed = re.search(r"DataLoader worker \(pid[^)]*\) is killed by signal: ([^.]+)", text)
+    if killed:
+        return LoaderFailure(_killed_message(killed.group(1).strip()))
+    gone = re.search(
+        r"DataLoader worker \(pid(?:\(s\))? ([\d, ]+)\) exited unexpectedly"
+        r"(?: with exit code (-?\d+))?",
+        text,
+    )
+    if gone:
+        code = f" with exit code {gone.group(2)}" if gone.group(2) else ""
+        return LoaderFailure(
+            f"DataLoader worker(s) {gone.group(1)} exited unexpectedly{code}, without an error"
+            " (something in the dataset called exit, or the process was ended from outside)."
+            " Run with loader.num_workers=0 to load in the main process, where the cause"
+            " shows in full"
+        )
     if "Cannot re-initialize CUDA in forked subprocess" in text:
         return LoaderFailure(
             "CUDA was initialised before the DataLoader forked its workers, and a worker"
@@ -131,6 +147,32 @@ def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
             " training loop, as feedrate does), or use loader.multiprocessing_context=spawn"
         )
     return None
+
+
+# What ends a worker, by the signal's description (strsignal, as PyTorch reports it)
+_SIGNAL_CAUSES = {
+    "Segmentation fault": (
+        "SIGSEGV: native code the dataset calls crashed (an image decoder, a C extension),"
+        " often a library that is not safe to use after fork. Try"
+        " loader.multiprocessing_context=spawn, or loader.num_workers=0 to find the sample"
+    ),
+    "Aborted": (
+        "SIGABRT: a library the dataset calls aborted (a failed assertion in native code)."
+        " Its message is in the output above; loader.num_workers=0 shows it in the main process"
+    ),
+    "Terminated": (
+        "SIGTERM: something outside the run ended it (a job scheduler, a process manager,"
+        " kill). Check what else manages this machine's processes"
+    ),
+    "Interrupt": ("SIGINT: a Ctrl-C reached a worker that was not started by this run's loader"),
+}
+
+
+def _killed_message(description: str) -> str:
+    cause = _SIGNAL_CAUSES.get(
+        description, "a signal from outside the run or a crash in native code"
+    )
+    return f"a DataLoader worker was killed by signal '{description}' ({cause})"
 
 
 def shm_needed(ctx: Context) -> int:
