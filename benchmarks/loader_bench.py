@@ -118,84 +118,145 @@ def run_sweep(workload: str, out: Path, args: argparse.Namespace) -> float:
 def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) -> dict:
     base = [*WORKLOADS[workload], *MEASURE, f"trainer.max_seconds={args.seconds}", *args.extra]
     runs = dict(contestants(workload, preset_name(workload, args), cores, args.grid))
-    values: dict[str, list[float]] = {name: [] for name in runs}
-    waits: dict[str, list[float]] = {name: [] for name in runs}
-    failures: dict[str, list[str]] = {name: [] for name in runs}
     script = ROOT / "train.py"
+    rows: list[dict] = []
+
+    def measure(round_: int, name: str, overrides: list[str], label: str) -> None:
+        res = run_trial(script, [*base, *overrides], out / workload / f"r{round_}_{name}", 300)
+        rows.append(_record(out, workload, round_, name, res))
+        shown = f"{res.value:,.1f}" if res.ok else f"FAILED {res.reason}"
+        print(f"[{workload}] {label}: {shown}", flush=True)
+
     for r in range(args.repeats):
         names = list(runs) if r % 2 == 0 else list(runs)[::-1]
         for name in names:
-            res = run_trial(script, [*base, *runs[name]], out / workload / f"r{r}_{name}", 300)
-            _record(out, workload, r, name, res)
-            (values[name] if res.ok else failures[name]).append(res.value if res.ok else res.reason)
-            if res.ok and res.metrics.get("data_wait_frac") is not None:
-                waits[name].append(res.metrics["data_wait_frac"])
-            shown = f"{res.value:,.1f}" if res.ok else f"FAILED {res.reason}"
-            print(f"[{workload}] round {r + 1}/{args.repeats} {name:>12}: {shown}", flush=True)
-
-    med = {k: statistics.median(v) for k, v in values.items() if v}
-    grid = [k for k in med if k.startswith("grid_")]
-    if not grid or "tuned" not in med:
-        raise SystemExit(f"[{workload}] too many failed runs to compare: {failures}")
-    best_grid = max(grid, key=med.get)
+            measure(r, name, runs[name], f"round {r + 1}/{args.repeats} {name:>12}")
     # Ceilings: what the loader alone delivers to the device (at its best: the tuned preset,
     # and once each at every grid point, since the best worker count without a model to feed
     # can be far past the best with one), and what the model alone consumes.
-    ceilings: dict[str, list[float]] = {"loader_tuned": [], "compute": []}
-    ceiling_runs = {
-        "loader_tuned": [*runs["tuned"], "trainer.measure=loader"],
-        "compute": ["loader=default", "trainer.measure=compute"],
-    }
     for r in range(args.repeats):
-        for name, extra in ceiling_runs.items():
-            res = run_trial(script, [*base, *extra], out / workload / f"r{r}_ceiling_{name}", 300)
-            _record(out, workload, r, f"ceiling_{name}", res)
-            if res.ok:
-                ceilings[name].append(res.value)
-            shown = f"{res.value:,.1f}" if res.ok else f"FAILED {res.reason}"
-            print(f"[{workload}] ceiling {name:>16}: {shown}", flush=True)
+        measure(
+            r,
+            "ceiling_loader_tuned",
+            [*runs["tuned"], "trainer.measure=loader"],
+            f"ceiling {'loader_tuned':>16}",
+        )
+        measure(
+            r,
+            "ceiling_compute",
+            ["loader=default", "trainer.measure=compute"],
+            f"ceiling {'compute':>16}",
+        )
     for n in args.grid:
         name = f"loader_grid_{n}"
-        extra = [*runs[f"grid_{n}"], "trainer.measure=loader"]
-        res = run_trial(script, [*base, *extra], out / workload / f"ceiling_{name}", 300)
-        _record(out, workload, 0, f"ceiling_{name}", res)
-        ceilings[name] = [res.value] if res.ok else []
-        shown = f"{res.value:,.1f}" if res.ok else f"FAILED {res.reason}"
-        print(f"[{workload}] ceiling {name:>16}: {shown}", flush=True)
-    ceil_med = {k: statistics.median(v) for k, v in ceilings.items() if v}
-    loader_ceiling = max((v for k, v in ceil_med.items() if k.startswith("loader")), default=0)
-    ceiling = min(loader_ceiling, ceil_med.get("compute", float("inf")))
+        measure(
+            0,
+            f"ceiling_{name}",
+            [*runs[f"grid_{n}"], "trainer.measure=loader"],
+            f"ceiling {name:>16}",
+        )
+
+    res = compare(rows)
+    if res is None:
+        failed = [f"{r['name']}: {r['reason']}" for r in rows if r["status"] != "ok"]
+        raise SystemExit(f"[{workload}] too many failed runs to compare: {failed}")
+    res["bound"] = _bound(out / workload)
+    res["tuned_preset"] = read_preset(
+        ROOT / "conf" / "loader" / f"{preset_name(workload, args)}.yaml"
+    )
+    return res
+
+
+def compare(rows: list[dict]) -> dict | None:
+    """Medians, spreads, ceilings and ratios of one workload's runs (runs.jsonl records), or
+    None when too many failed to compare. A full benchmark and ``--summarise`` both use it."""
+    values: dict[str, list[float]] = {}
+    waits: dict[str, list[float]] = {}
+    failures: dict[str, list[str]] = {}
+    for r in rows:
+        if r["status"] != "ok":
+            failures.setdefault(r["name"], []).append(r["reason"])
+            continue
+        values.setdefault(r["name"], []).append(r["samples_per_sec"])
+        if r.get("data_wait_frac") is not None:
+            waits.setdefault(r["name"], []).append(r["data_wait_frac"])
+    med = {k: statistics.median(v) for k, v in values.items()}
+    grid = [k for k in med if k.startswith("grid_")]
+    loader_only = [v for k, v in med.items() if k.startswith("ceiling_loader")]
+    if "tuned" not in med or not grid or not loader_only or "ceiling_compute" not in med:
+        return None
+    best_grid = max(grid, key=med.get)
+    ceiling = min(max(loader_only), med["ceiling_compute"])
 
     def spread(v: list[float]) -> float:
         return (max(v) - min(v)) / statistics.median(v) if len(v) > 1 else 0.0
 
     tuned = med["tuned"]
     nan = float("nan")
-    tuned_loader = read_preset(ROOT / "conf" / "loader" / f"{preset_name(workload, args)}.yaml")
+    contestants = [k for k in values if not k.startswith("ceiling_")]
     return {
-        "values": values,
-        "failures": {k: v for k, v in failures.items() if v},
-        "median": med,
-        "data_wait": {k: statistics.median(v) for k, v in waits.items() if v},
-        "bound": _bound(out / workload),
-        "spread": {k: spread(v) for k, v in values.items() if v},
+        "values": {k: values[k] for k in contestants},
+        "failures": failures,
+        "median": {k: med[k] for k in contestants},
+        "data_wait": {k: statistics.median(v) for k, v in waits.items()},
+        "spread": {k: spread(values[k]) for k in contestants},
         "best_grid": best_grid,
-        "ceilings": ceilings,
+        "ceilings": {k: v for k, v in values.items() if k.startswith("ceiling_")},
+        "loader_only": max(loader_only),
+        "compute_only": med["ceiling_compute"],
         "ceiling": ceiling,
-        "tuned_preset": tuned_loader,
         "ratios": {
             "tuned/default": tuned / med.get("default", nan),
             "tuned/recipe": tuned / med.get("recipe", nan),
             "tuned/cpu_capped": tuned / med.get("cpu_capped", nan),
             "tuned/best_grid": tuned / med[best_grid],
-            "tuned/ceiling": tuned / ceiling if ceiling else nan,
+            "tuned/ceiling": tuned / ceiling,
         },
     }
 
 
-def _record(out: Path, workload: str, round_: int, name: str, res) -> None:
-    """Append each run's figure to runs.jsonl as it lands: a benchmark cut short by a time
-    limit still leaves every figure it measured."""
+def show(workload: str, res: dict) -> list[tuple[str, float, float]]:
+    """Print one workload's medians and ratios against its targets; the checks made."""
+    print(f"\n{workload}:")
+    names = ["default", "recipe", "cpu_capped", "tuned"]
+    names += sorted((k for k in res["median"] if k.startswith("grid_")), key=lambda g: int(g[5:]))
+    for name in names:
+        if name in res["median"]:
+            print(
+                f"  {name:>12}: {res['median'][name]:>9,.1f}  spread {res['spread'][name]:.0%}"
+                f"  ({len(res['values'][name])} runs)"
+            )
+    print(
+        f"  {'ceiling':>12}: {res['ceiling']:>9,.1f}  (the lower of loader-only"
+        f" {res['loader_only']:,.1f} at its best and compute-only {res['compute_only']:,.1f})"
+    )
+    checks = []
+    for ratio, value in res["ratios"].items():
+        target = TARGETS.get(workload, {}).get(ratio)
+        shown = ratio.replace("best_grid", res["best_grid"])
+        if target is None:
+            print(f"  {shown:>18} = {value:.2f}")
+            continue
+        verdict = "PASS" if value >= target else "MISS"
+        print(f"  {shown:>18} = {value:.2f} (target >= {target}) {verdict}")
+        checks.append((f"{workload} {ratio}", value, target))
+    wait = res["data_wait"].get("tuned")
+    if workload in DATA_WAIT_TARGET and wait is not None:
+        limit = DATA_WAIT_TARGET[workload]
+        if res.get("bound") == "compute-bound":
+            ok = wait <= limit
+            print(
+                f"  tuned data wait = {wait:.1%} (target <= {limit:.0%}) {'PASS' if ok else 'MISS'}"
+            )
+            checks.append((f"{workload} tuned data headroom", 1 - wait, 1 - limit))
+        else:
+            print(f"  tuned data wait = {wait:.1%} (the target is for compute-bound runs)")
+    return checks
+
+
+def _record(out: Path, workload: str, round_: int, name: str, res) -> dict:
+    """Append a run's figure to runs.jsonl as it lands, and return it: a benchmark cut short by
+    a time limit still leaves every figure it measured."""
     line = {
         "workload": workload,
         "round": round_,
@@ -207,12 +268,15 @@ def _record(out: Path, workload: str, round_: int, name: str, res) -> None:
     }
     with open(out / "runs.jsonl", "a") as fh:
         fh.write(json.dumps(line) + "\n")
+    return line
 
 
 def _bound(runs_dir: Path) -> str | None:
     """input-bound or compute-bound, as the tuned runs' own verdicts say (the majority)."""
     verdicts = [
-        json.loads(p.read_text()).get("bound") for p in runs_dir.glob("r*_tuned/metrics.json")
+        json.loads(p.read_text()).get("bound")
+        for p in runs_dir.glob("r*_tuned/metrics.json")
+        if p.parent.name.split("_", 1)[1] == "tuned"  # not r0_ceiling_loader_tuned
     ]
     return max(set(verdicts), key=verdicts.count) if verdicts else None
 
@@ -274,61 +338,21 @@ def plot(results: dict, path: Path) -> None:
 
 
 def summarise_runs(out: Path) -> dict:
-    """Medians, ceilings and ratios per workload from ``out/runs.jsonl`` (what a benchmark cut
-    short still has), by the same rules as a full run; draws ``out/bench.png``."""
+    """The comparison of a full run, from ``out/runs.jsonl`` (what a benchmark cut short still
+    has): prints it, writes ``out/summary.json`` and draws ``out/bench.png``."""
     rows = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines() if line]
     results = {}
     for workload in dict.fromkeys(r["workload"] for r in rows):
-        values: dict[str, list[float]] = {}
-        for r in rows:
-            if r["workload"] == workload and r["status"] == "ok":
-                values.setdefault(r["name"], []).append(r["samples_per_sec"])
-        med = {k: statistics.median(v) for k, v in values.items()}
-        grid = [k for k in med if k.startswith("grid_")]
-        loader = {k: v for k, v in med.items() if k.startswith("ceiling_loader")}
-        if "tuned" not in med or not grid or not loader or "ceiling_compute" not in med:
+        res = compare([r for r in rows if r["workload"] == workload])
+        if res is None:
             print(f"{workload}: not enough runs to compare")
             continue
-        best_grid = max(grid, key=med.get)
-        ceiling = min(max(loader.values()), med["ceiling_compute"])
-        tuned = med["tuned"]
-        contestants = {k: v for k, v in values.items() if not k.startswith("ceiling_")}
-        results[workload] = {
-            "values": contestants,
-            "median": {k: med[k] for k in contestants},
-            "best_grid": best_grid,
-            "ceiling": ceiling,
-            "ceilings": {k: values[k] for k in values if k.startswith("ceiling_")},
-            "ratios": {
-                f"tuned/{k}": tuned / med[k]
-                for k in ("default", "recipe", "cpu_capped", best_grid)
-                if k in med
-            }
-            | {"tuned/ceiling": tuned / ceiling},
-        }
-        print(
-            f"\n{workload}: ceiling {ceiling:,.1f} (best loader-only"
-            f" {max(loader.values()):,.1f}, compute-only {med['ceiling_compute']:,.1f})"
-        )
-        for k in (
-            "default",
-            "recipe",
-            "cpu_capped",
-            "tuned",
-            *sorted(grid, key=lambda g: int(g[5:])),
-        ):
-            if k in med:
-                print(f"  {k:>12}: {med[k]:>9,.1f}  ({len(values[k])} runs)")
-        for k, v in results[workload]["ratios"].items():
-            target = TARGETS.get(workload, {}).get(k.replace(best_grid, "best_grid"))
-            goal = (
-                ""
-                if target is None
-                else f" (target >= {target}) {'PASS' if v >= target else 'MISS'}"
-            )
-            print(f"  {k:>22} = {v:.2f}{goal}")
+        res["bound"] = _bound(out / workload)
+        results[workload] = res
+        show(workload, res)
     (out / "summary.json").write_text(json.dumps(results, indent=2) + "\n")
-    plot(results, out / "bench.png")
+    if results:
+        plot(results, out / "bench.png")
     print(f"\nwrote {out / 'summary.json'} and {out / 'bench.png'}")
     return results
 
@@ -382,35 +406,7 @@ def main() -> int:
     print("\n== results (median samples/s, spread = (max-min)/median) ==")
     checks = []
     for workload, res in results.items():
-        print(f"\n{workload}:")
-        for name in ["default", "recipe", "cpu_capped", "tuned", *[f"grid_{n}" for n in args.grid]]:
-            if name in res["median"]:
-                print(
-                    f"  {name:>12}: {res['median'][name]:>9,.1f}  spread {res['spread'][name]:.0%}"
-                )
-        print(f"  {'ceiling':>12}: {res['ceiling']:>9,.1f}  (loader-only vs compute-only)")
-        for ratio, value in res["ratios"].items():
-            target = TARGETS[workload].get(ratio)
-            verdict = "" if target is None else ("PASS" if value >= target else "MISS")
-            goal = f" (target >= {target})" if target is not None else ""
-            print(f"  {ratio:>18} = {value:.2f}{goal} {verdict}")
-            if target is not None:
-                checks.append((f"{workload} {ratio}", value, target))
-        wait = res["data_wait"].get("tuned")
-        if workload in DATA_WAIT_TARGET and wait is not None:
-            limit = DATA_WAIT_TARGET[workload]
-            if res["bound"] == "compute-bound":
-                ok = wait <= limit
-                print(
-                    f"  tuned data wait = {wait:.1%} (target <= {limit:.0%})"
-                    f" {'PASS' if ok else 'MISS'}"
-                )
-                checks.append((f"{workload} tuned data headroom", 1 - wait, 1 - limit))
-            else:
-                print(
-                    f"  tuned data wait = {wait:.1%} (input-bound: the target is for"
-                    " compute-bound runs)"
-                )
+        checks += show(workload, res)
         if workload in sweep_seconds:
             s = sweep_seconds[workload]
             print(
