@@ -116,6 +116,9 @@ def test_sleep_bound_dataset_is_input_bound_and_workers_cut_the_wait(compose, tm
     assert alone["bound"] == "input-bound"
     assert alone["data_wait_frac"] > 0.5
     assert "waited for data" in alone["evidence"]
+    # one process: its peak is the tree's (both from the same readings)
+    assert alone["peak_processes"] == 1
+    assert alone["peak_pss_mb"] >= alone["peak_main_pss_mb"] > 0
     helped = _run(compose, tmp_path / "w8", "loader.num_workers=8", "loader.prefetch_factor=4")
     assert helped["data_wait_frac"] < alone["data_wait_frac"]
     assert helped["samples_per_sec"] > alone["samples_per_sec"]

@@ -43,13 +43,14 @@ INPUT_BOUND_WAIT_FRAC = 0.10
 NOISY_OTHER_CPU_FRAC = 0.25
 
 
-def _tree_memory(proc: psutil.Process) -> tuple[float, float, int, dict[int, float]]:
-    """(PSS, USS, processes, {descendant pid: USS}) of ``proc`` and its descendants, in bytes.
+def _tree_memory(proc: psutil.Process) -> tuple[float, float, int, dict[int, float], float]:
+    """(PSS, USS, processes, {descendant pid: USS}, PSS of ``proc`` alone) of ``proc`` and its
+    descendants, in bytes, from one reading of each (so the main process never exceeds the sum).
 
     PSS splits shared pages between the processes that map them, so the sum over the tree is
     what the tree really costs; RSS would count the parent's pages once per forked worker.
     """
-    pss = uss = 0.0
+    pss = uss = main_pss = 0.0
     count = 0
     children: dict[int, float] = {}
     for p in [proc, *proc.children(recursive=True)]:
@@ -62,7 +63,9 @@ def _tree_memory(proc: psutil.Process) -> tuple[float, float, int, dict[int, flo
         count += 1
         if p.pid != proc.pid:
             children[p.pid] = getattr(info, "uss", info.rss)
-    return pss, uss, count, children
+        else:
+            main_pss = getattr(info, "pss", info.rss)
+    return pss, uss, count, children, main_pss
 
 
 def data_workers(proc: psutil.Process) -> list[psutil.Process]:
@@ -164,7 +167,7 @@ class ResourceMonitor:
         self._cpu_start: tuple[float, float, float] | None = None
 
     def sample(self) -> None:
-        pss, uss, count, children = _tree_memory(self._proc)
+        pss, uss, count, children, main_pss = _tree_memory(self._proc)
         if self.limit_bytes is not None and pss > self.limit_bytes and self.tripped is None:
             self.tripped = guard_message(
                 pss,
@@ -173,11 +176,6 @@ class ResourceMonitor:
                 self.explicit_limit,
                 self.start_method,
             )
-        try:
-            main = self._proc.memory_full_info()
-            main_pss = getattr(main, "pss", main.rss)
-        except psutil.Error:
-            main_pss = 0.0
         shm = shm_bytes()
         p = self.peaks
         p.pss_bytes = max(p.pss_bytes, pss)
