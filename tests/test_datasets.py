@@ -12,7 +12,7 @@ from torch.utils.data import Subset
 from feedrate import dataset as ds
 from feedrate.checks import check_picklable, find_unpicklable
 from feedrate.errors import ConfigError, DatasetError
-from feedrate.faults import GuardedDataset
+from feedrate.faults import GuardedDataset, RunSplit
 from feedrate.launch import build_dataset
 
 from .conftest import PHOTOS, TINY, run_cli
@@ -144,10 +144,14 @@ def test_unpicklable_dataset_is_refused_for_spawn_and_forkserver(method):
 
 
 def test_the_path_starts_at_the_users_dataset_through_the_runs_wrappers():
-    # A run wraps the dataset in its sample-error guard, and in a Subset with a validation split
-    wrapped = GuardedDataset(Subset(_LockedDataset(), [0, 1, 2]))
-    with pytest.raises(ConfigError, match=r"dataset\.index\.lock: _thread\.lock cannot"):
+    # A run wraps the dataset in its sample-error guard, and splits it with a validation share
+    wrapped = GuardedDataset(RunSplit(_LockedDataset(), [0, 1, 2]))
+    with pytest.raises(ConfigError, match=r"method 'spawn': dataset\.index\.lock: _thread"):
         check_picklable(wrapped, "spawn")
+    # a Subset of the user's own is part of their dataset, and of the path
+    theirs = GuardedDataset(Subset(_LockedDataset(), [0, 1, 2]))
+    with pytest.raises(ConfigError, match=r"method 'spawn': dataset\.dataset\.index\.lock: _thread"):
+        check_picklable(theirs, "spawn")
 
 
 def test_cli_refuses_an_unpicklable_dataset_before_spawning(tmp_path):

@@ -39,12 +39,21 @@ class Exploding(Dataset):
         return torch.zeros(3, 8, 8, dtype=torch.uint8), i % 2
 
 
+def _worker_dies(how) -> None:
+    """In worker 1, die by ``how``; worker 0 is slow, so the main process is waiting for its
+    batch when worker 1 dies (PyTorch then reports the death as the cause of a generic error)."""
+    info = get_worker_info()
+    if info is not None and info.id == 1:
+        how()
+    if info is not None and info.id == 0:
+        time.sleep(0.5)
+
+
 class KilledWorker(Exploding):
     """A worker dies by SIGKILL, as the OOM killer kills it."""
 
     def __getitem__(self, i):
-        if get_worker_info() is not None and get_worker_info().id == 1:
-            os.kill(os.getpid(), signal.SIGKILL)
+        _worker_dies(lambda: os.kill(os.getpid(), signal.SIGKILL))
         return super().__getitem__(i % 5)
 
 
@@ -54,8 +63,7 @@ class Crashes(Exploding):
     signal = signal.SIGSEGV
 
     def __getitem__(self, i):
-        if get_worker_info() is not None and get_worker_info().id == 1:
-            os.kill(os.getpid(), self.signal)
+        _worker_dies(lambda: os.kill(os.getpid(), self.signal))
         return super().__getitem__(i % 5)
 
 
@@ -67,8 +75,7 @@ class Exits(Exploding):
     """A worker's dataset calls exit: no signal, no error."""
 
     def __getitem__(self, i):
-        if get_worker_info() is not None and get_worker_info().id == 1:
-            os._exit(3)
+        _worker_dies(lambda: os._exit(3))
         return super().__getitem__(i % 5)
 
 

@@ -13,10 +13,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from omegaconf import DictConfig
-from torch.utils.data import Subset
 
 from feedrate.errors import ConfigError
-from feedrate.faults import GuardedDataset
+from feedrate.faults import GuardedDataset, RunSplit
 from feedrate.metrics import METRIC_NAMES
 
 # Dataset keys that are counts or sizes, across the built-in datasets.
@@ -212,7 +211,7 @@ def unpicklable(dataset: Any) -> str | None:
     """What keeps ``dataset`` from pickling, as ``dataset.index.lock: _thread.lock``; None when
     it pickles. The wrappers a run adds (the sample-error guard, the train/validation subset)
     are looked through, so the path starts at the user's own object."""
-    while isinstance(dataset, (GuardedDataset, Subset)):
+    while isinstance(dataset, (GuardedDataset, RunSplit)):
         dataset = dataset.dataset
     found = find_unpicklable(dataset)
     if found is None:

@@ -43,6 +43,12 @@ def sample_origin(dataset: Any, index: int) -> str:
     return f"sample {index}"
 
 
+class RunSplit(Subset):
+    """The train or validation share the run splits off the user's dataset: a wrapper of the
+    run's own, like :class:`GuardedDataset`, that messages look through (a ``Subset`` the
+    user made is part of their dataset, and stays in the paths they are shown)."""
+
+
 class GuardedDataset(Dataset):
     """The user's dataset, with failures that name their sample.
 
@@ -89,8 +95,18 @@ def _mb(x: float) -> str:
 
 
 def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
-    """A named cause and fix for a failure raised out of the training loop, or None."""
-    text = f"{type(exc).__name__}: {exc}"
+    """A named cause and fix for a failure raised out of the training loop, or None.
+
+    Reads the whole chain, innermost first: when a worker dies while the main process waits
+    for a batch, PyTorch raises a generic "exited unexpectedly" from the specific cause
+    ("is killed by signal: Killed", "... exit code 3").
+    """
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and link not in chain:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    text = "\n".join(f"{type(e).__name__}: {e}" for e in reversed(chain))
     if isinstance(exc, SampleError) or "SampleError" in text:
         lines = [ln for ln in str(exc).splitlines() if "could not be loaded" in ln]
         message = lines[-1].split("SampleError: ", 1)[-1] if lines else str(exc)
@@ -164,7 +180,6 @@ _SIGNAL_CAUSES = {
         "SIGTERM: something outside the run ended it (a job scheduler, a process manager,"
         " kill). Check what else manages this machine's processes"
     ),
-    "Interrupt": ("SIGINT: a Ctrl-C reached a worker that was not started by this run's loader"),
 }
 
 

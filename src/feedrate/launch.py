@@ -33,7 +33,14 @@ from feedrate import checkpoint, distributed, environment, hardware
 from feedrate.checks import validate
 from feedrate.dataset import num_classes
 from feedrate.errors import ConfigError, DatasetError, FeedrateError, Interrupted
-from feedrate.faults import Context, GuardedDataset, LoaderFailure, check_shm, diagnose
+from feedrate.faults import (
+    Context,
+    GuardedDataset,
+    LoaderFailure,
+    RunSplit,
+    check_shm,
+    diagnose,
+)
 from feedrate.files import atomic_write_text
 from feedrate.loader import build_loader, loader_kwargs, skipped_samples
 from feedrate.metrics import ResourceMonitor, format_summary, summarise
@@ -333,7 +340,7 @@ def split(dataset, val_fraction: float, seed: int):
     n_val = max(1, int(len(dataset) * val_fraction))
     generator = torch.Generator().manual_seed(seed)
     train_set, val_set = random_split(dataset, [len(dataset) - n_val, n_val], generator)
-    return train_set, val_set
+    return RunSplit(dataset, train_set.indices), RunSplit(dataset, val_set.indices)
 
 
 def _overrides(out: Path | None = None) -> list[str]:
