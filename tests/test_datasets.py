@@ -150,7 +150,7 @@ def test_the_path_starts_at_the_users_dataset_through_the_runs_wrappers():
         check_picklable(wrapped, "spawn")
     # a Subset of the user's own is part of their dataset, and of the path
     theirs = GuardedDataset(Subset(_LockedDataset(), [0, 1, 2]))
-    with pytest.raises(ConfigError, match=r"method 'spawn': dataset\.dataset\.index\.lock: _thread"):
+    with pytest.raises(ConfigError, match=r"'spawn': dataset\.dataset\.index\.lock: _thread"):
         check_picklable(theirs, "spawn")
 
 
