@@ -158,6 +158,16 @@ def test_a_checkpoint_holding_code_is_refused(tmp_path):
     assert f"cannot resume from {ckpt}: UnpicklingError" in proc.stderr + proc.stdout
 
 
+def _spawned_workers(pid: int) -> int:
+    count = 0
+    for child in psutil.Process(pid).children():
+        try:  # short-lived children (git, for environment.json) may be gone already
+            count += "spawn_main" in " ".join(child.cmdline())
+        except psutil.Error:
+            pass
+    return count
+
+
 @pytest.mark.slow
 def test_ctrl_c_while_spawn_workers_start_stops_like_any_ctrl_c(tmp_path):
     """A terminal's Ctrl-C reaches the whole process group, workers that are still starting
@@ -176,11 +186,10 @@ def test_ctrl_c_while_spawn_workers_start_stops_like_any_ctrl_c(tmp_path):
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
-        children = psutil.Process(proc.pid).children()
-        if any("spawn_main" in " ".join(c.cmdline()) for c in children):
-            # The workers are started, and import torch for a second or more before any code
-            # of ours runs in them. (A Ctrl-C in the milliseconds while the main process
-            # starts them is dropped: see feedrate.loader._Loader.)
+        if _spawned_workers(proc.pid) == 2:
+            # Both workers are started, and import torch for a second or more before any code
+            # of ours runs in them. (A Ctrl-C while the main process starts them is dropped:
+            # see feedrate.loader._Loader.)
             time.sleep(0.3)
             os.killpg(proc.pid, signal.SIGINT)
             break

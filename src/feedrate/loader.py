@@ -160,12 +160,23 @@ class _Loader(DataLoader):
     before that: a Ctrl-C then would kill it and fail the run. So SIGINT is ignored while this
     process starts workers: an ignored signal stays ignored across fork and exec, and Python
     keeps it so at start-up. (A blocked mask would not do: multiprocessing's children start
-    with none.) A Ctrl-C in those few milliseconds is dropped, not deferred.
+    with none.)
+
+    The price: a Ctrl-C while workers are being started is dropped, not deferred. With
+    ``fork`` that is milliseconds. With ``spawn``, starting a worker waits until it has
+    imported the main module and read the pickled dataset when that is larger than a pipe's
+    buffer (64 KB): about a second a worker on a slow machine.
     """
 
     def __iter__(self):
-        if self.num_workers == 0 or threading.current_thread() is not threading.main_thread():
-            return super().__iter__()  # no workers to start; or no say over signals
+        restarting = self.persistent_workers and self._iterator is not None
+        if (
+            self.num_workers == 0
+            or restarting  # persistent workers are already running: none to start
+            or threading.current_thread() is not threading.main_thread()  # no say over signals
+            or signal.getsignal(signal.SIGINT) is None  # a handler Python cannot put back
+        ):
+            return super().__iter__()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             return super().__iter__()
