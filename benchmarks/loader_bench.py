@@ -169,7 +169,8 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
 
 def compare(rows: list[dict]) -> dict | None:
     """Medians, spreads, ceilings and ratios of one workload's runs (runs.jsonl records), or
-    None when too many failed to compare. A full benchmark and ``--summarise`` both use it."""
+    None when the tuned preset or the whole grid failed. A figure that failed is None, and so
+    is every ratio to it. A full benchmark and ``--summarise`` both use it."""
     values: dict[str, list[float]] = {}
     waits: dict[str, list[float]] = {}
     failures: dict[str, list[str]] = {}
@@ -182,17 +183,22 @@ def compare(rows: list[dict]) -> dict | None:
             waits.setdefault(r["name"], []).append(r["data_wait_frac"])
     med = {k: statistics.median(v) for k, v in values.items()}
     grid = [k for k in med if k.startswith("grid_")]
-    loader_only = [v for k, v in med.items() if k.startswith("ceiling_loader")]
-    if "tuned" not in med or not grid or not loader_only or "ceiling_compute" not in med:
+    if "tuned" not in med or not grid:
         return None
     best_grid = max(grid, key=med.get)
-    ceiling = min(max(loader_only), med["ceiling_compute"])
+    loader_only = max((v for k, v in med.items() if k.startswith("ceiling_loader")), default=None)
+    compute_only = med.get("ceiling_compute")
+    # the lower of the two; unknown while either is
+    ceiling = None if None in (loader_only, compute_only) else min(loader_only, compute_only)
 
     def spread(v: list[float]) -> float:
         return (max(v) - min(v)) / statistics.median(v) if len(v) > 1 else 0.0
 
     tuned = med["tuned"]
-    nan = float("nan")
+
+    def ratio(to: float | None) -> float | None:
+        return tuned / to if to else None
+
     contestants = [k for k in values if not k.startswith("ceiling_")]
     return {
         "values": {k: values[k] for k in contestants},
@@ -202,15 +208,15 @@ def compare(rows: list[dict]) -> dict | None:
         "spread": {k: spread(values[k]) for k in contestants},
         "best_grid": best_grid,
         "ceilings": {k: v for k, v in values.items() if k.startswith("ceiling_")},
-        "loader_only": max(loader_only),
-        "compute_only": med["ceiling_compute"],
+        "loader_only": loader_only,
+        "compute_only": compute_only,
         "ceiling": ceiling,
         "ratios": {
-            "tuned/default": tuned / med.get("default", nan),
-            "tuned/recipe": tuned / med.get("recipe", nan),
-            "tuned/cpu_capped": tuned / med.get("cpu_capped", nan),
-            "tuned/best_grid": tuned / med[best_grid],
-            "tuned/ceiling": tuned / ceiling,
+            "tuned/default": ratio(med.get("default")),
+            "tuned/recipe": ratio(med.get("recipe")),
+            "tuned/cpu_capped": ratio(med.get("cpu_capped")),
+            "tuned/best_grid": ratio(med[best_grid]),
+            "tuned/ceiling": ratio(ceiling),
         },
     }
 
@@ -226,14 +232,22 @@ def show(workload: str, res: dict) -> list[tuple[str, float, float]]:
                 f"  {name:>12}: {res['median'][name]:>9,.1f}  spread {res['spread'][name]:.0%}"
                 f"  ({len(res['values'][name])} runs)"
             )
+
+    def fig(v: float | None) -> str:
+        return "failed" if v is None else f"{v:,.1f}"
+
     print(
-        f"  {'ceiling':>12}: {res['ceiling']:>9,.1f}  (the lower of loader-only"
-        f" {res['loader_only']:,.1f} at its best and compute-only {res['compute_only']:,.1f})"
+        f"  {'ceiling':>12}: {fig(res['ceiling']):>9}  (the lower of loader-only"
+        f" {fig(res['loader_only'])} at its best and compute-only {fig(res['compute_only'])})"
     )
     checks = []
     for ratio, value in res["ratios"].items():
         target = TARGETS.get(workload, {}).get(ratio)
         shown = ratio.replace("best_grid", res["best_grid"])
+        if value is None:  # a figure it needs failed: no verdict either way
+            goal = "" if target is None else f" (target >= {target}) NOT MEASURED"
+            print(f"  {shown:>18} = n/a{goal}")
+            continue
         if target is None:
             print(f"  {shown:>18} = {value:.2f}")
             continue
@@ -326,12 +340,13 @@ def plot(results: dict, path: Path) -> None:
         ]
         colors = ["tab:gray"] * (len(names) - 1) + ["tab:green"]
         ax.bar(names, meds, yerr=errs, color=colors, capsize=4)
-        ax.axhline(res["ceiling"], color="tab:red", linestyle="--", label="ceiling")
+        if res["ceiling"] is not None:
+            ax.axhline(res["ceiling"], color="tab:red", linestyle="--", label="ceiling")
+            ax.legend()
         for i, m in enumerate(meds):
             ax.text(i, m, f"{m:,.0f}", ha="center", va="bottom", fontsize=9)
         ax.set_title(f"{workload}: median samples/s (min-max), {len(res['values']['tuned'])} runs")
         ax.set_ylabel("samples/s")
-        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -351,9 +366,11 @@ def summarise_runs(out: Path) -> dict:
         results[workload] = res
         show(workload, res)
     (out / "summary.json").write_text(json.dumps(results, indent=2) + "\n")
+    wrote = [out / "summary.json"]
     if results:
         plot(results, out / "bench.png")
-    print(f"\nwrote {out / 'summary.json'} and {out / 'bench.png'}")
+        wrote.append(out / "bench.png")
+    print(f"\nwrote {' and '.join(map(str, wrote))}")
     return results
 
 

@@ -85,6 +85,28 @@ def test_a_benchmark_cut_short_is_summarised_from_its_runs(tmp_path):
             "reason": "killed",
         }
     )
+    # A second workload cut short before its ceilings: compared without them, no verdict there
+    for name, value in {"recipe": 400.0, "tuned": 500.0, "grid_2": 480.0}.items():
+        rows.append(
+            {
+                "workload": "photos",
+                "round": 0,
+                "name": name,
+                "samples_per_sec": value,
+                "status": "ok",
+                "reason": "",
+            }
+        )
+    rows.append(
+        {
+            "workload": "photos",
+            "round": 0,
+            "name": "ceiling_compute",
+            "samples_per_sec": None,
+            "status": "failed",
+            "reason": "timed out",
+        }
+    )
     (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     proc = subprocess.run(
         [sys.executable, "benchmarks/loader_bench.py", "--summarise", str(tmp_path)],
@@ -100,4 +122,9 @@ def test_a_benchmark_cut_short_is_summarised_from_its_runs(tmp_path):
     assert summary["ratios"]["tuned/recipe"] == pytest.approx(1305 / 351)
     assert summary["ratios"]["tuned/ceiling"] == pytest.approx(1305 / 2370)
     assert "tuned/recipe = 3.72 (target >= 5.0) MISS" in proc.stdout
+    photos = json.loads((tmp_path / "summary.json").read_text())["photos"]
+    assert photos["ceiling"] is None and photos["ratios"]["tuned/ceiling"] is None
+    assert photos["ratios"]["tuned/recipe"] == pytest.approx(1.25)
+    assert photos["failures"] == {"ceiling_compute": ["timed out"]}
+    assert "tuned/ceiling = n/a (target >= 0.9) NOT MEASURED" in proc.stdout
     assert (tmp_path / "bench.png").stat().st_size > 0
