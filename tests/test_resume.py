@@ -46,27 +46,37 @@ def uninterrupted(tmp_path_factory):
     return state
 
 
-def _stop_after_a_checkpoint(run_dir, sig, extra=()) -> tuple[subprocess.CompletedProcess, int]:
-    """Start the run, send ``sig`` to its process group (as a terminal or the OOM killer
-    would) once a checkpoint from step 20 on exists, inside the second epoch (16 batches an
-    epoch): resuming then needs that epoch's shuffle and its position in it."""
-    ckpt = run_dir / "checkpoints" / "last.pt"
+def _signal_when(overrides, ready, sig, wait_s: float = 120):
+    """Run ``python train.py OVERRIDES`` in a session of its own, and send ``sig`` to its
+    process group, as a terminal or the OOM killer would, once ``ready(pid)`` holds. Returns
+    the finished process (stdout and stderr together in ``stdout``) and its pid."""
     proc = subprocess.Popen(
-        [sys.executable, "train.py", *shrink([*RUN, *extra, f"hydra.run.dir={run_dir}"])],
+        [sys.executable, "train.py", *shrink(overrides)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and proc.poll() is None:
-        if ckpt.exists() and torch.load(ckpt, weights_only=True)["step"] >= 20:
+        if ready(proc.pid):
             os.killpg(proc.pid, sig)
             break
-        time.sleep(0.02)
-    out, _ = proc.communicate(timeout=60)
+        time.sleep(0.01)
+    out, _ = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, ""), proc.pid
+
+
+def _stop_after_a_checkpoint(run_dir, sig, extra=()) -> tuple[subprocess.CompletedProcess, int]:
+    """Stop the run with ``sig`` once a checkpoint from step 20 on exists, inside the second
+    epoch (16 batches an epoch): resuming then needs that epoch's shuffle and its position."""
+    ckpt = run_dir / "checkpoints" / "last.pt"
+
+    def ready(_pid: int) -> bool:
+        return ckpt.exists() and torch.load(ckpt, weights_only=True)["step"] >= 20
+
+    return _signal_when([*RUN, *extra, f"hydra.run.dir={run_dir}"], ready, sig)
 
 
 def _session_processes(sid: int) -> list[psutil.Process]:
@@ -172,31 +182,25 @@ def _spawned_workers(pid: int) -> int:
 def test_ctrl_c_while_spawn_workers_start_stops_like_any_ctrl_c(tmp_path):
     """A terminal's Ctrl-C reaches the whole process group, workers that are still starting
     included: a spawned worker imports torch for seconds before any code of ours runs in it."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "train.py",
-            *shrink(["loader=notebook", "trainer.max_steps=200", f"hydra.run.dir={tmp_path}"]),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+
+    def ready(pid: int) -> bool:
+        if _spawned_workers(pid) < 2:
+            return False
+        # Both workers are started, and import torch for a second or more before any code of
+        # ours runs in them. (A Ctrl-C while the main process starts them is dropped: see
+        # feedrate.loader._Loader.)
+        time.sleep(0.3)
+        return True
+
+    stopped, sid = _signal_when(
+        ["loader=notebook", "trainer.max_steps=200", f"hydra.run.dir={tmp_path}"],
+        ready,
+        signal.SIGINT,
+        wait_s=60,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        if _spawned_workers(proc.pid) == 2:
-            # Both workers are started, and import torch for a second or more before any code
-            # of ours runs in them. (A Ctrl-C while the main process starts them is dropped:
-            # see feedrate.loader._Loader.)
-            time.sleep(0.3)
-            os.killpg(proc.pid, signal.SIGINT)
-            break
-        time.sleep(0.01)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out[-3000:]
+    out = stopped.stdout
+    assert stopped.returncode == 130, out[-3000:]
     assert "interrupted (Ctrl-C) at step" in out
     assert "KeyboardInterrupt" not in out and "Traceback" not in out, out[-3000:]
     time.sleep(0.5)
-    assert not _session_processes(proc.pid), "workers outlived the run"
+    assert not _session_processes(sid), "workers outlived the run"
