@@ -35,6 +35,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from feedrate.environment import git_commit
 from feedrate.hardware import detect, usable_cores
 from feedrate.trial import run_trial
 
@@ -160,7 +161,6 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
     if res is None:
         failed = [f"{r['name']}: {r['reason']}" for r in rows if r["status"] != "ok"]
         raise SystemExit(f"[{workload}] too many failed runs to compare: {failed}")
-    res["bound"] = _bound(out / workload)
     res["tuned_preset"] = read_preset(
         ROOT / "conf" / "loader" / f"{preset_name(workload, args)}.yaml"
     )
@@ -173,6 +173,7 @@ def compare(rows: list[dict]) -> dict | None:
     is every ratio to it. A full benchmark and ``--summarise`` both use it."""
     values: dict[str, list[float]] = {}
     waits: dict[str, list[float]] = {}
+    verdicts: list[str] = []  # the tuned runs' own: input-bound or compute-bound
     failures: dict[str, list[str]] = {}
     for r in rows:
         if r["status"] != "ok":
@@ -181,6 +182,8 @@ def compare(rows: list[dict]) -> dict | None:
         values.setdefault(r["name"], []).append(r["samples_per_sec"])
         if r.get("data_wait_frac") is not None:
             waits.setdefault(r["name"], []).append(r["data_wait_frac"])
+        if r["name"] == "tuned" and r.get("bound"):
+            verdicts.append(r["bound"])
     med = {k: statistics.median(v) for k, v in values.items()}
     grid = [k for k in med if k.startswith("grid_")]
     if "tuned" not in med or not grid:
@@ -207,6 +210,7 @@ def compare(rows: list[dict]) -> dict | None:
         "data_wait": {k: statistics.median(v) for k, v in waits.items()},
         "spread": {k: spread(values[k]) for k in contestants},
         "best_grid": best_grid,
+        "bound": max(set(verdicts), key=verdicts.count) if verdicts else None,  # the majority
         "ceilings": {k: v for k, v in values.items() if k.startswith("ceiling_")},
         "loader_only": loader_only,
         "compute_only": compute_only,
@@ -277,22 +281,13 @@ def _record(out: Path, workload: str, round_: int, name: str, res) -> dict:
         "name": name,
         "samples_per_sec": res.value,
         "data_wait_frac": res.metrics.get("data_wait_frac") if res.ok else None,
+        "bound": res.metrics.get("bound") if res.ok else None,
         "status": res.status,
         "reason": res.reason,
     }
     with open(out / "runs.jsonl", "a") as fh:
         fh.write(json.dumps(line) + "\n")
     return line
-
-
-def _bound(runs_dir: Path) -> str | None:
-    """input-bound or compute-bound, as the tuned runs' own verdicts say (the majority)."""
-    verdicts = [
-        json.loads(p.read_text()).get("bound")
-        for p in runs_dir.glob("r*_tuned/metrics.json")
-        if p.parent.name.split("_", 1)[1] == "tuned"  # not r0_ceiling_loader_tuned
-    ]
-    return max(set(verdicts), key=verdicts.count) if verdicts else None
 
 
 def read_preset(path: Path) -> dict:
@@ -362,7 +357,6 @@ def summarise_runs(out: Path) -> dict:
         if res is None:
             print(f"{workload}: not enough runs to compare")
             continue
-        res["bound"] = _bound(out / workload)
         results[workload] = res
         show(workload, res)
     (out / "summary.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -435,7 +429,7 @@ def main() -> int:
         "date": datetime.now().isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": fp.as_dict(),
-        "cwd_git": _git_rev(),
+        "cwd_git": git_commit(),
         "repeats": args.repeats,
         "grid": args.grid,
         "extra": args.extra,
@@ -449,18 +443,6 @@ def main() -> int:
     plot(results, out / "bench.png")
     print(f"\nwrote {out / 'bench.json'} and {out / 'bench.png'}")
     return 0
-
-
-def _git_rev() -> str | None:
-    try:
-        return (
-            subprocess.run(
-                ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-            ).stdout.strip()
-            or None
-        )
-    except OSError:
-        return None
 
 
 if __name__ == "__main__":

@@ -130,13 +130,12 @@ def _trainer_problems(trainer: DictConfig) -> Iterable[str]:
         yield f"trainer.val_fraction={trainer.val_fraction} must be in [0, 1)"
 
 
-def _model_problems(model: DictConfig) -> list[str]:
+def _model_problems(model: DictConfig) -> Iterable[str]:
     """Sizes of the built-in models (a user's model class checks its own arguments)."""
-    return [
-        f"model.{key}={v} must be at least 1"
-        for key in _POSITIVE_MODEL_KEYS
-        if isinstance(v := model.get(key), int) and not isinstance(v, bool) and v < 1
-    ]
+    for key in _POSITIVE_MODEL_KEYS:
+        v = model.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+            yield f"model.{key}={v} must be at least 1"
 
 
 def validate(cfg: DictConfig) -> None:
@@ -145,8 +144,8 @@ def validate(cfg: DictConfig) -> None:
         *_loader_problems(cfg.loader),
         *_dataset_problems(cfg.dataset),
         *_trainer_problems(cfg.trainer),
+        *_model_problems(cfg.model),
     ]
-    problems += _model_problems(cfg.model)
     if cfg.hardware.torch_threads is not None and cfg.hardware.torch_threads < 1:
         problems.append(f"hardware.torch_threads={cfg.hardware.torch_threads} must be at least 1")
     limit = cfg.hardware.memory_limit_gb

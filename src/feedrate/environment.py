@@ -64,7 +64,7 @@ def driver_version() -> str | None:
         return None
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     """The checkout's commit (with ``+dirty`` for local changes), if feedrate runs from one."""
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
@@ -83,7 +83,7 @@ def _git_commit() -> str | None:
     return f"{head}{'+dirty' if dirty else ''}" if head else None
 
 
-def describe(fingerprint: dict | None = None) -> dict:
+def describe(fingerprint: dict) -> dict:
     cuda = torch.cuda.is_available()
     return {
         "python": platform.python_version(),
@@ -98,7 +98,7 @@ def describe(fingerprint: dict | None = None) -> dict:
         if cuda
         else [],
         "driver": driver_version() if cuda else None,
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "fingerprint": fingerprint,
     }
 

@@ -258,7 +258,8 @@ def _run(
                 resume,
                 checkpoints,
             )
-        except Interrupted:
+        except (Interrupted, LoaderFailure) as exc:  # they name their cause already
+            traceback.clear_frames(exc.__traceback__)  # frames hold the workers' iterator
             raise
         except Exception as exc:
             if monitor.tripped:  # the guard ended the workers: that is the cause

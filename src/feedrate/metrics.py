@@ -43,8 +43,8 @@ INPUT_BOUND_WAIT_FRAC = 0.10
 NOISY_OTHER_CPU_FRAC = 0.25
 
 
-def _tree_memory(proc: psutil.Process) -> tuple[float, float, int, dict[int, float], float]:
-    """(PSS, USS, processes, {descendant pid: USS}, PSS of ``proc`` alone) of ``proc`` and its
+def _tree_memory(proc: psutil.Process) -> tuple[float, float, int, list[float], float]:
+    """(PSS, USS, processes, [USS of each descendant], PSS of ``proc`` alone) of ``proc`` and its
     descendants, in bytes, from one reading of each (so the main process never exceeds the sum).
 
     PSS splits shared pages between the processes that map them, so the sum over the tree is
@@ -52,7 +52,7 @@ def _tree_memory(proc: psutil.Process) -> tuple[float, float, int, dict[int, flo
     """
     pss = uss = main_pss = 0.0
     count = 0
-    children: dict[int, float] = {}
+    children: list[float] = []
     for p in [proc, *proc.children(recursive=True)]:
         try:
             info = p.memory_full_info()
@@ -62,7 +62,7 @@ def _tree_memory(proc: psutil.Process) -> tuple[float, float, int, dict[int, flo
         uss += getattr(info, "uss", info.rss)
         count += 1
         if p.pid != proc.pid:
-            children[p.pid] = getattr(info, "uss", info.rss)
+            children.append(getattr(info, "uss", info.rss))
         else:
             main_pss = getattr(info, "pss", info.rss)
     return pss, uss, count, children, main_pss
@@ -172,7 +172,7 @@ class ResourceMonitor:
             self.tripped = guard_message(
                 pss,
                 self.limit_bytes,
-                list(children.values()),
+                children,
                 self.explicit_limit,
                 self.start_method,
             )

@@ -15,6 +15,7 @@ import optuna  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from feedrate.files import atomic_write_text  # noqa: E402
+from feedrate.study import REASON_KEY  # noqa: E402
 from feedrate.trial import TrialResult  # noqa: E402
 
 PARAMS = (
@@ -85,7 +86,7 @@ def rows(study: optuna.Study, search: list[TrialResult], contestants, n_new: int
                 "name": f"trial {t.number}",
                 **params,
                 "status": t.state.name.lower(),
-                "reason": t.user_attrs.get("reason", ""),
+                "reason": t.user_attrs.get(REASON_KEY, ""),
                 "samples_per_sec": t.value,
             }
         )

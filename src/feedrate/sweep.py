@@ -16,6 +16,7 @@ time limit. This module adds what a throughput study needs around that:
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import multiprocessing
 import statistics
@@ -466,7 +467,10 @@ class LoaderSweep(Callback):
         streamed = config.trainer.stream and tuned.get("num_workers", 0) > 0
         if streamed:  # measured without epoch ends; persistence only saves restarts
             tuned["persistent_workers"] = True
-        fp = hardware.detect()
+        # What the winner was measured on, as its own run recorded it
+        measured_on = json.loads(
+            (Path(next(r for r in winner.results if r.ok).job_dir) / "environment.json").read_text()
+        )
         base = decision.best_baseline
         name = path.stem
         lines = [
@@ -490,8 +494,8 @@ class LoaderSweep(Callback):
             f"Workload: dataset={config.hydra.runtime.choices.get('dataset')}"
             f" model={config.hydra.runtime.choices.get('model')}"
             f" batch_size={config.loader.batch_size}.",
-            f"Hardware: {fp.short()}.",
-            f"Software: {environment.short(environment.describe())}.",
+            f"Hardware: {hardware.Fingerprint(**measured_on['fingerprint']).short()}.",
+            f"Software: {environment.short(measured_on)}.",
             "Reproduce: python train.py -m " + " ".join(_base_args(config)),
             "Plain data: the DataLoader's own arguments on top of loader/default.yaml.",
             *(

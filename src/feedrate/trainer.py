@@ -195,9 +195,18 @@ def train(
     def position() -> Position:
         return Position(step, epoch, epoch_samples, epoch_generator, scaler.state_dict())
 
+    def begin_measuring() -> float:
+        """Warm-up over: the device quiet, memory sampled, then the clock starts; returns it."""
+        nonlocal measure_start, produced_at_start
+        _sync(hw.device)
+        monitor.start_cpu_window()  # samples memory: before the clock starts
+        measure_start = time.perf_counter()
+        if measure is not Measure.compute:
+            produced_at_start = produced_samples(loader)
+        return measure_start
+
     if warmup == 0:  # resumed one step before the end: measure that step
-        monitor.start_cpu_window()
-        measure_start = window_start = time.perf_counter()
+        window_start = begin_measuring()
     while not done:
         t_iter = loader_created_at if first_epoch else time.perf_counter()
         batches_this_epoch = epoch_samples = 0
@@ -264,16 +273,13 @@ def train(
             measured = measured_step > 0 and step > rewarm_until
             window_end = measured and (window_steps + 1 >= cfg.window_steps or step == total)
             if measured_step == 0 or restart:  # warm-up over: start the clock, device quiet
-                _sync(hw.device)
                 if restart:
+                    _sync(hw.device)
                     now_produced = produced_samples(loader)
                     if now_produced is not None and produced_paused_at is not None:
                         produced_gap += now_produced - produced_paused_at
                 else:
-                    monitor.start_cpu_window()  # samples memory: before the clock starts
-                    measure_start = time.perf_counter()
-                    if measure is not Measure.compute:
-                        produced_at_start = produced_samples(loader)
+                    begin_measuring()
                 window_start = t_prev_end = time.perf_counter()
                 if not times.window_rates:
                     bar.set_postfix_str("measuring: figures at each window's end")
@@ -334,7 +340,7 @@ def train(
                 due = checkpoints.every is not None and step % checkpoints.every == 0
                 if checkpoints.save is not None and (due or interrupted):
                     path = checkpoints.save(position())
-                if due and step - start - warmup > 0 and step > rewarm_until:
+                if due and measured:
                     # every rank pauses (under torchrun, for rank 0's save): close the window
                     if window_steps >= max(2, cfg.window_steps // 2):
                         times.window_rates.append(window_samples / (t_prev_end - window_start))
