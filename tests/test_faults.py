@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -77,6 +78,26 @@ class Exits(Exploding):
     def __getitem__(self, i):
         _worker_dies(lambda: os._exit(3))
         return super().__getitem__(i % 5)
+
+
+class CannotSend(Exploding):
+    """Worker 1 may open ``left`` more file descriptors: enough for its batch's shared memory,
+    not for all it takes to hand the batch over. Sending then fails in one of the worker's
+    threads while the main process, far from its own limit, waits for that batch."""
+
+    def __init__(self, left: int = 1) -> None:
+        super().__init__()
+        self.left = left
+
+    def __getitem__(self, i):
+        _worker_dies(self._few_descriptors_left)
+        return super().__getitem__(i % 5)
+
+    def _few_descriptors_left(self) -> None:
+        probe = os.open(os.devnull, os.O_RDONLY)  # the lowest free descriptor
+        os.close(probe)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (probe + self.left, hard))
 
 
 class Hangs(Exploding):
@@ -174,6 +195,28 @@ def test_a_worker_killed_by_another_signal_is_named_with_its_cause(
 ):
     with pytest.raises(LoaderFailure, match=re.escape(expected)):
         feedrate.run(_custom(compose, cls, "loader.num_workers=2"), output_dir=tmp_path)
+
+
+# Where it fails moves with the count: duplicating the images' descriptor, opening the
+# labels' shared memory (PyTorch's RuntimeError, its errno only in its text), or the fd
+# sharer's accepting the main process's request for them.
+@pytest.mark.parametrize("left", [1, 2, 4, 6])
+def test_a_batch_that_cannot_be_sent_ends_the_run_with_its_cause(tmp_path, left):
+    # Before, the worker printed a traceback from its feeder thread and the run hung forever.
+    proc = run_cli(
+        *shrink(["dataset=custom", "dataset._target_=tests.test_faults.CannotSend"]),
+        f"+dataset.left={left}",
+        "loader.num_workers=2",
+        f"hydra.run.dir={tmp_path}",
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "too many open files (the limit is" in proc.stdout, proc.stdout[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    worker_lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("DataLoader worker")]
+    assert len(worker_lines) == 1, proc.stderr[-2000:]
+    assert worker_lines[0].startswith("DataLoader worker 1: ")
+    assert "Too many open files" in worker_lines[0]
 
 
 def test_hung_worker_is_stopped_by_the_timeout(compose, tmp_path):

@@ -9,9 +9,10 @@ name itself (index and file), and implements ``dataset.on_error: raise | skip``.
 
 from __future__ import annotations
 
+import errno
 import re
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -88,6 +89,23 @@ class Context:
     batch_bytes: int
     peak_pss_mb: float
     timeout_s: float
+    worker_exit_codes: list[int] = field(default_factory=list)  # of the workers that ended
+
+
+# A worker that cannot send a batch exits with the error's errno when it names a cause below,
+# else with this (EX_SOFTWARE): the main process only sees the worker gone.
+SEND_FAILED = 70
+_SEND_CAUSES = (errno.EMFILE, errno.ENFILE, errno.ENOSPC)
+
+
+def send_failure_exit(exc: BaseException) -> int:
+    """The exit code of a worker whose batch ``exc`` kept from being sent. PyTorch's own
+    errors carry the errno in their text: "... Too many open files (24)"."""
+    code = getattr(exc, "errno", None)
+    if code is None:
+        found = re.search(r"\((\d+)\)$", str(exc).strip())
+        code = int(found.group(1)) if found else None
+    return code if code in _SEND_CAUSES else SEND_FAILED
 
 
 def _mb(x: float) -> str:
@@ -121,11 +139,18 @@ def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
             " loader.prefetch_factor or loader.batch_size, or a dataset whose workers share"
             " memory (dataset=memmap; numpy arrays instead of Python lists)"
         )
-    if re.search(r"Bus error|insufficient shared memory|No space left on device", text) and (
-        "shm" in text or "shared memory" in text or "Bus error" in text
+    # Exit codes of ended workers: one that could not send a batch names the cause by its code
+    codes = {*ctx.worker_exit_codes, *map(int, re.findall(r"with exit code (\d+)", text))}
+    if errno.ENOSPC in codes or (
+        re.search(r"Bus error|insufficient shared memory|No space left on device", text)
+        and ("shm" in text or "shared memory" in text or "Bus error" in text)
     ):
         return LoaderFailure(shm_message(ctx))
-    if "Too many open files" in text or "received 0 items of ancdata" in text:
+    if (
+        "Too many open files" in text
+        or "received 0 items of ancdata" in text
+        or codes & {errno.EMFILE, errno.ENFILE}
+    ):
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         return LoaderFailure(
             f"too many open files (the limit is {soft}): under PyTorch's file_descriptor"
@@ -139,6 +164,12 @@ def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
             " the dataset's __getitem__ (slow or hung storage, a lock, a deadlock after fork)."
             " The run was stopped and its workers ended; check the storage, or raise"
             " loader.timeout if samples are legitimately that slow"
+        )
+    if SEND_FAILED in codes:
+        return LoaderFailure(
+            "a DataLoader worker could not send a batch to the main process and ended (exit"
+            f" code {SEND_FAILED}): its error is the 'DataLoader worker N: ...' line above."
+            " Run with loader.num_workers=0 to load in the main process"
         )
     killed = re.search(r"DataLoader worker \(pid[^)]*\) is killed by signal: ([^.]+)", text)
     if killed:

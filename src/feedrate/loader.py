@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator, Sized
 
 import torch
@@ -25,6 +26,7 @@ from torch.utils.data import (
 from torch.utils.data._utils.collate import default_collate
 
 from feedrate.checks import check_picklable, start_method
+from feedrate.faults import send_failure_exit
 from feedrate.hardware import Hardware, usable_cores
 
 log = logging.getLogger(__name__)
@@ -168,6 +170,9 @@ class _Loader(DataLoader):
     buffer (64 KB): about a second a worker on a slow machine.
     """
 
+    _processes: list = []  # the workers of the latest iteration
+    _latest: weakref.ref | None = None  # that iteration, while it lives
+
     def __iter__(self):
         restarting = self.persistent_workers and self._iterator is not None
         if (
@@ -176,12 +181,40 @@ class _Loader(DataLoader):
             or threading.current_thread() is not threading.main_thread()  # no say over signals
             or signal.getsignal(signal.SIGINT) is None  # a handler Python cannot put back
         ):
-            return super().__iter__()
+            return self._remember(super().__iter__())
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            return super().__iter__()
+            return self._remember(super().__iter__())
         finally:
             signal.signal(signal.SIGINT, previous)
+
+    def _remember(self, iterator):
+        self._processes = list(getattr(iterator, "_workers", []))
+        self._latest = weakref.ref(iterator)
+        return iterator
+
+    def end_workers(self) -> list[int]:
+        """After a failure: stop the latest iteration's workers, as at an epoch's end, and
+        return the exit codes of all that have ended (how a worker died can name the cause:
+        :func:`feedrate.faults.send_failure_exit`).
+
+        While a dead worker is registered, PyTorch's SIGCHLD handler raises "exited
+        unexpectedly" at whatever line runs when any child ends, including the handling of
+        the failure it reports. So it is silenced until the iteration has ended and
+        unregistered its workers.
+        """
+        iterator = self._latest() if self._latest is not None else None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is None:
+            return [w.exitcode for w in self._processes if w.exitcode is not None]
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL) if in_main else None
+        try:
+            shutdown()  # joins each worker (PyTorch's own end of an iteration)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGCHLD, previous)
+        return [w.exitcode for w in self._processes if w.exitcode is not None]
 
 
 class ResumableSampler(Sampler[int]):
@@ -207,17 +240,22 @@ class ResumableSampler(Sampler[int]):
 
 def _init_worker(worker_id: int) -> None:
     """In each worker: ignore Ctrl-C (the main process finishes its step, saves, and ends the
-    workers), and report a batch that cannot be sent in one line, not a traceback per thread:
-    the main process names the cause (too many open files, shared memory) with its fix."""
+    workers), and end the worker when a batch cannot be sent.
+
+    A batch is pickled, and its file descriptors handed over, by threads of the worker
+    (multiprocessing's queue feeder and fd sharer). When one fails (too many open files, no
+    shared memory), Python prints a traceback and the thread goes on, while the main process
+    waits forever for the lost batch or for a descriptor nobody will send. So the worker says
+    what failed in one line and exits with a code that names the cause: the main process sees
+    the worker gone, and :func:`feedrate.faults.diagnose` says why, with the fix.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # born so (_Loader); a foreign start may not be
+    reporting = threading.Lock()
 
-    devnull = os.open(os.devnull, os.O_WRONLY)  # opened now: at the error, no fd may be left
-
-    def one_line(exc: BaseException, *_: object) -> None:
-        # One line per worker: what follows (more sends failing, exit-time cleanup failing for
-        # the same reason) would only repeat it, so the worker's stderr is closed after it.
+    def fail(exc: BaseException, *_: object) -> None:
+        reporting.acquire()  # the other thread, failing too, waits here for the exit
         os.write(2, f"DataLoader worker {worker_id}: {type(exc).__name__}: {exc}\n".encode())
-        os.dup2(devnull, 2)
+        os._exit(send_failure_exit(exc))
 
-    multiprocessing.queues.Queue._on_queue_feeder_error = staticmethod(one_line)
-    sys.excepthook = lambda kind, exc, tb: one_line(exc)  # multiprocessing's fd-sharing thread
+    multiprocessing.queues.Queue._on_queue_feeder_error = staticmethod(fail)
+    sys.excepthook = lambda kind, exc, tb: fail(exc)  # multiprocessing's fd-sharing thread
