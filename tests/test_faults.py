@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -18,7 +19,14 @@ from torch.utils.data import Dataset, get_worker_info
 
 import feedrate
 from feedrate.dataset import ensure_photos
-from feedrate.faults import Context, LoaderFailure, SampleError, diagnose
+from feedrate.faults import (
+    SEND_FAILED,
+    Context,
+    LoaderFailure,
+    SampleError,
+    diagnose,
+    send_failure_exit,
+)
 
 from .conftest import ROOT, run_cli, shrink
 
@@ -217,6 +225,47 @@ def test_a_batch_that_cannot_be_sent_ends_the_run_with_its_cause(tmp_path, left)
     assert len(worker_lines) == 1, proc.stderr[-2000:]
     assert worker_lines[0].startswith("DataLoader worker 1: ")
     assert "Too many open files" in worker_lines[0]
+
+
+_NO_DESCRIPTOR_LEFT = """
+import os, resource, sys
+from feedrate.faults import send_failure_exit
+probe = os.open(os.devnull, os.O_RDONLY)
+os.close(probe)
+resource.setrlimit(resource.RLIMIT_NOFILE, (probe, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+print(send_failure_exit(FileNotFoundError(2, "No usable temporary directory found")))
+"""
+
+
+def test_a_send_failure_exits_with_the_code_of_its_cause():
+    assert send_failure_exit(OSError(errno.EMFILE, "Too many open files")) == errno.EMFILE
+    text = "unable to open shared memory object </torch_1> in read-write mode: Too many open files (24)"
+    assert send_failure_exit(RuntimeError(text)) == errno.EMFILE
+    assert (
+        send_failure_exit(
+            RuntimeError("unable to write to file </torch_9>: No space left on device (28)")
+        )
+        == errno.ENOSPC
+    )
+    hidden = FileNotFoundError(errno.ENOENT, "No usable temporary directory found")
+    assert send_failure_exit(hidden) == SEND_FAILED  # this process has descriptors to spare
+    # ... but a process with none left names that, whatever the error said
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_DESCRIPTOR_LEFT], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == str(errno.EMFILE)
+    codes = {
+        errno.EMFILE: "too many open files",
+        errno.ENOSPC: "insufficient shared memory",
+        SEND_FAILED: "could not send a batch",
+    }
+    ctx = Context(num_workers=2, prefetch_factor=2, batch_bytes=1, peak_pss_mb=1.0, timeout_s=0)
+    gone = RuntimeError("DataLoader worker (pid(s) 123) exited unexpectedly")
+    for code, message in codes.items():
+        ctx.worker_exit_codes = [0, code]
+        assert message in str(diagnose(gone, ctx))
+    ctx.worker_exit_codes = [0, -15]
+    assert "exited unexpectedly, without an error" in str(diagnose(gone, ctx))
 
 
 def test_hung_worker_is_stopped_by_the_timeout(compose, tmp_path):

@@ -10,6 +10,7 @@ name itself (index and file), and implements ``dataset.on_error: raise | skip``.
 from __future__ import annotations
 
 import errno
+import os
 import re
 import resource
 from dataclasses import dataclass, field
@@ -99,12 +100,21 @@ _SEND_CAUSES = (errno.EMFILE, errno.ENFILE, errno.ENOSPC)
 
 
 def send_failure_exit(exc: BaseException) -> int:
-    """The exit code of a worker whose batch ``exc`` kept from being sent. PyTorch's own
-    errors carry the errno in their text: "... Too many open files (24)"."""
+    """The exit code of a worker whose batch ``exc`` kept from being sent.
+
+    PyTorch's own errors carry the errno in their text ("... Too many open files (24)"), and
+    some errors hide it: with no descriptor left, ``tempfile`` says "No usable temporary
+    directory found". So when ``exc`` names no cause, this process tries to open a file.
+    """
     code = getattr(exc, "errno", None)
     if code is None:
         found = re.search(r"\((\d+)\)$", str(exc).strip())
         code = int(found.group(1)) if found else None
+    if code not in _SEND_CAUSES:
+        try:
+            os.close(os.open(os.devnull, os.O_RDONLY))
+        except OSError as probe:
+            code = probe.errno
     return code if code in _SEND_CAUSES else SEND_FAILED
 
 

@@ -26,7 +26,7 @@ from torch.utils.data import (
 from torch.utils.data._utils.collate import default_collate
 
 from feedrate.checks import check_picklable, start_method
-from feedrate.faults import send_failure_exit
+from feedrate.faults import SEND_FAILED, send_failure_exit
 from feedrate.hardware import Hardware, usable_cores
 
 log = logging.getLogger(__name__)
@@ -254,8 +254,11 @@ def _init_worker(worker_id: int) -> None:
 
     def fail(exc: BaseException, *_: object) -> None:
         reporting.acquire()  # the other thread, failing too, waits here for the exit
-        os.write(2, f"DataLoader worker {worker_id}: {type(exc).__name__}: {exc}\n".encode())
-        os._exit(send_failure_exit(exc))
+        code = send_failure_exit(exc)
+        cause = "" if code == SEND_FAILED or os.strerror(code) in str(exc) else os.strerror(code)
+        line = f"{type(exc).__name__}: {exc}" + (f" ({cause})" if cause else "")
+        os.write(2, f"DataLoader worker {worker_id}: {line}\n".encode())
+        os._exit(code)
 
     multiprocessing.queues.Queue._on_queue_feeder_error = staticmethod(fail)
     sys.excepthook = lambda kind, exc, tb: fail(exc)  # multiprocessing's fd-sharing thread
