@@ -239,7 +239,7 @@ print(send_failure_exit(FileNotFoundError(2, "No usable temporary directory foun
 
 def test_a_send_failure_exits_with_the_code_of_its_cause():
     assert send_failure_exit(OSError(errno.EMFILE, "Too many open files")) == errno.EMFILE
-    text = "unable to open shared memory object </torch_1> in read-write mode: Too many open files (24)"
+    text = "unable to open shared memory object </torch_1>: Too many open files (24)"
     assert send_failure_exit(RuntimeError(text)) == errno.EMFILE
     assert (
         send_failure_exit(
