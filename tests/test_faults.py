@@ -215,6 +215,7 @@ def test_a_batch_that_cannot_be_sent_ends_the_run_with_its_cause(tmp_path, left)
         *shrink(["dataset=custom", "dataset._target_=tests.test_faults.CannotSend"]),
         f"+dataset.left={left}",
         "loader.num_workers=2",
+        "loader.pin_memory=false",  # on a GPU, the pinning thread's own traceback
         f"hydra.run.dir={tmp_path}",
         timeout=120,
     )

@@ -170,8 +170,7 @@ class _Loader(DataLoader):
     buffer (64 KB): about a second a worker on a slow machine.
     """
 
-    _processes: list = []  # the workers of the latest iteration
-    _latest: weakref.ref | None = None  # that iteration, while it lives
+    _latest: weakref.ref | None = None  # the latest iteration, while it lives
 
     def __iter__(self):
         restarting = self.persistent_workers and self._iterator is not None
@@ -189,14 +188,14 @@ class _Loader(DataLoader):
             signal.signal(signal.SIGINT, previous)
 
     def _remember(self, iterator):
-        self._processes = list(getattr(iterator, "_workers", []))
         self._latest = weakref.ref(iterator)
         return iterator
 
     def end_workers(self) -> list[int]:
         """After a failure: stop the latest iteration's workers, as at an epoch's end, and
         return the exit codes of all that have ended (how a worker died can name the cause:
-        :func:`feedrate.faults.send_failure_exit`).
+        :func:`feedrate.faults.send_failure_exit`). The failure's traceback holds the
+        iteration; once it is gone, so are its workers, and there is nothing to read.
 
         While a dead worker is registered, PyTorch's SIGCHLD handler raises "exited
         unexpectedly" at whatever line runs when any child ends, including the handling of
@@ -206,7 +205,7 @@ class _Loader(DataLoader):
         iterator = self._latest() if self._latest is not None else None
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is None:
-            return [w.exitcode for w in self._processes if w.exitcode is not None]
+            return []
         in_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL) if in_main else None
         try:
@@ -214,7 +213,7 @@ class _Loader(DataLoader):
         finally:
             if previous is not None:
                 signal.signal(signal.SIGCHLD, previous)
-        return [w.exitcode for w in self._processes if w.exitcode is not None]
+        return [w.exitcode for w in iterator._workers if w.exitcode is not None]
 
 
 class ResumableSampler(Sampler[int]):
@@ -252,13 +251,26 @@ def _init_worker(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # born so (_Loader); a foreign start may not be
     reporting = threading.Lock()
 
-    def fail(exc: BaseException, *_: object) -> None:
+    def fail(exc: BaseException) -> None:
         reporting.acquire()  # the other thread, failing too, waits here for the exit
-        code = send_failure_exit(exc)
-        cause = "" if code == SEND_FAILED or os.strerror(code) in str(exc) else os.strerror(code)
-        line = f"{type(exc).__name__}: {exc}" + (f" ({cause})" if cause else "")
-        os.write(2, f"DataLoader worker {worker_id}: {line}\n".encode())
-        os._exit(code)
+        code = SEND_FAILED
+        try:
+            code = send_failure_exit(exc)
+            cause = os.strerror(code) if code != SEND_FAILED else ""
+            line = f"{type(exc).__name__}: {exc}"
+            line += f" ({cause})" if cause and cause not in line else ""
+            os.write(2, f"DataLoader worker {worker_id}: {line}\n".encode())
+        except BaseException:  # stderr gone, say: exit all the same
+            pass
+        finally:
+            os._exit(code)  # whatever happened above: a worker left alive hangs the run
 
-    multiprocessing.queues.Queue._on_queue_feeder_error = staticmethod(fail)
+    queue_error = multiprocessing.queues.Queue._on_queue_feeder_error
+
+    def feeder_error(exc: BaseException, obj: object) -> None:
+        if isinstance(obj, tuple) and len(obj) == 2:  # (index, batch): the loader's own queue
+            fail(exc)
+        queue_error(exc, obj)  # a queue of the dataset's own: as before
+
+    multiprocessing.queues.Queue._on_queue_feeder_error = staticmethod(feeder_error)
     sys.excepthook = lambda kind, exc, tb: fail(exc)  # multiprocessing's fd-sharing thread
