@@ -207,8 +207,9 @@ def test_a_worker_killed_by_another_signal_is_named_with_its_cause(
 
 # Where it fails moves with the count: duplicating the images' descriptor, opening the
 # labels' shared memory (PyTorch's RuntimeError, its errno only in its text), or the fd
-# sharer's accepting the main process's request for them.
-@pytest.mark.parametrize("left", [1, 2, 4, 6])
+# sharer's accepting the main process's request for them. With 6 or more left, a batch can
+# sometimes get through as the main process takes descriptors off the worker's hands.
+@pytest.mark.parametrize("left", [1, 2, 3])
 def test_a_batch_that_cannot_be_sent_ends_the_run_with_its_cause(tmp_path, left):
     # Before, the worker printed a traceback from its feeder thread and the run hung forever.
     proc = run_cli(
