@@ -262,20 +262,15 @@ def _run(
             traceback.clear_frames(exc.__traceback__)  # frames hold the workers' iterator
             raise
         except Exception as exc:
-            # First, before a dead worker's SIGCHLD can raise again inside this handler
-            exit_codes = loader.end_workers()
+            # The workers end first: a dead one's SIGCHLD would raise again inside this handler
+            context.worker_exit_codes = loader.end_workers()
             if monitor.tripped:  # the guard ended the workers: that is the cause
-                traceback.clear_frames(exc.__traceback__)
                 raise LoaderFailure(monitor.tripped) from exc
             monitor.sample()
             context.peak_pss_mb = monitor.peaks.pss_bytes / 2**20
-            context.worker_exit_codes = exit_codes
             named = diagnose(exc, context)
             if named is None:
                 raise
-            # The traceback's frames hold the loader's iterator: clear them so its workers
-            # end now, not whenever the exception object is collected.
-            traceback.clear_frames(exc.__traceback__)
             raise named from exc
         skipped = skipped_samples(loader)
         del loader  # ends persistent workers inside the monitored window
