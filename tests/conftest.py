@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,8 @@ TINY = [
     "trainer.max_steps=8",
     "trainer.warmup_steps=2",
     "trainer.window_steps=2",
+    # exact step counts; the steady-state warm-up has its own tests (test_train.py)
+    "trainer.steady_state=false",
     "trainer.progress=false",
 ]
 
@@ -66,3 +70,20 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None
         timeout=timeout,
         env=full_env,
     )
+
+
+@functools.lru_cache(maxsize=1)
+def unshare_works() -> bool:
+    """Can this host mount a small tmpfs in a private mount namespace (root, ``unshare``)?
+    False, never an error, on a host without ``unshare``: tests ask at collection."""
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        probe = subprocess.run(
+            ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0

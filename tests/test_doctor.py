@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from .conftest import ROOT, TINY_DATA
-from .test_faults import _unshare_works
+from .conftest import ROOT, TINY_DATA, unshare_works
 
 
 def _doctor(*args: str, setup: str | None = None) -> subprocess.CompletedProcess:
@@ -37,7 +36,7 @@ def test_a_safe_configuration_gets_the_machine_and_the_dataset_described():
         assert expected in out, expected
 
 
-@pytest.mark.skipif(not _unshare_works(), reason="needs root to mount a small /dev/shm")
+@pytest.mark.skipif(not unshare_works(), reason="needs root to mount a small /dev/shm")
 def test_a_loader_too_big_for_shared_memory_is_unsafe():
     proc = _doctor(
         *TINY_DATA,

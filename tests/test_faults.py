@@ -28,7 +28,7 @@ from feedrate.faults import (
     send_failure_exit,
 )
 
-from .conftest import ROOT, run_cli, shrink
+from .conftest import ROOT, run_cli, shrink, unshare_works
 
 
 class Exploding(Dataset):
@@ -292,16 +292,8 @@ def test_cli_names_the_sample_and_exits_2_without_a_traceback(tmp_path):
     assert "Traceback" not in out
 
 
-def _unshare_works() -> bool:
-    probe = subprocess.run(
-        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
-        capture_output=True,
-    )
-    return probe.returncode == 0
-
-
 @pytest.mark.skipif(
-    shutil.which("unshare") is None or not _unshare_works(),
+    not unshare_works(),
     reason="needs root to mount a small /dev/shm in a private mount namespace",
 )
 @pytest.mark.parametrize(

@@ -12,8 +12,7 @@ import torch
 
 from feedrate.files import atomic_write, save_checkpoint
 
-from .conftest import ROOT
-from .test_faults import _unshare_works
+from .conftest import ROOT, unshare_works
 
 # A child that writes a preset (text) or a checkpoint (torch.save) over an existing file, and
 # stalls half-way: the moment the OOM killer or a power cut would pick.
@@ -80,7 +79,7 @@ def test_an_error_mid_write_leaves_the_old_file_and_no_temporary(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 
 
-@pytest.mark.skipif(not _unshare_works(), reason="needs root to mount a small filesystem")
+@pytest.mark.skipif(not unshare_works(), reason="needs root to mount a small filesystem")
 def test_a_full_disk_leaves_the_old_checkpoint():
     # A real ENOSPC: a 1 MB filesystem holding a small checkpoint, then a 4 MB one.
     script = textwrap.dedent(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib.metadata
 import os
+import random
 import shutil
 import signal
 import sqlite3
@@ -20,10 +21,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from feedrate import stats
 from feedrate.errors import ConfigError
 from feedrate.feasibility import FeasibilityGuard, Footprint, predict
 from feedrate.preset import MARKER, check_writable, preset_path, render
-from feedrate.sweep import Contestant, decide, max_workers
+from feedrate.sweep import Contestant, decide, drop_clearly_slower, max_workers, merge_identical
 from feedrate.trial import TrialResult, run_trial
 
 from .conftest import ROOT
@@ -32,39 +34,98 @@ from .conftest import ROOT
 # The decision
 
 
-def _contestant(name, values, baseline, workers=4):
+def _contestant(name, values, baseline, workers=4, run=None):
     c = Contestant(name, [], baseline)
-    c.results = [TrialResult([], "ok", value=v, metrics={"peak_pss_mb": 100.0}) for v in values]
+    metrics = {"peak_pss_mb": 100.0, "run": run or {}}
+    c.results = [TrialResult([], "ok", value=v, metrics=metrics) for v in values]
     c.loader = lambda: {"num_workers": workers}
     return c
 
 
-def test_candidate_that_beats_the_noise_wins():
-    base = _contestant("recipe", [350, 360], True, workers=4)
-    cand = _contestant("trial 3", [2100, 2200], False, workers=32)
+def test_a_significantly_faster_candidate_wins():
+    base = _contestant("recipe", [350, 360, 355, 352, 358], True, workers=4)
+    cand = _contestant("trial 3", [2100, 2200, 2150, 2120, 2180], False, workers=32)
     d = decide([base, cand])
-    assert d.winner is cand and "more than the measured spread" in d.reason
+    assert d.winner is cand and d.fastest is cand
+    assert "significantly slower: recipe 0.17x [0.16, 0.17] loss" in d.reason
+    assert d.versus_fastest["recipe"].verdict == stats.LOSS
 
 
 def test_within_noise_the_cheaper_configuration_wins():
-    base = _contestant("recipe", [350, 450], True, workers=4)
-    cand = _contestant("trial 3", [420, 430], False, workers=32)
+    base = _contestant("recipe", [350, 450, 400, 420, 380], True, workers=4)
+    cand = _contestant("trial 3", [420, 430, 410, 425, 415], False, workers=32)
     d = decide([base, cand])
-    assert d.winner is base and "cheaper" in d.reason
+    assert d.fastest is cand and d.winner is base
+    assert "tie within noise" in d.reason and "cheapest" in d.reason
+
+
+def test_every_finalist_is_weighed_not_only_the_best():
+    base = _contestant("recipe", [350, 360, 355, 352, 358], True, workers=4)
+    fast = _contestant("trial 3", [2100, 2200, 2150, 2120, 2180], False, workers=48)
+    lean = _contestant("trial 5", [2080, 2190, 2140, 2100, 2170], False, workers=16)
+    d = decide([base, fast, lean])
+    assert d.fastest is fast and d.winner is lean, "as fast within noise, and a third the workers"
+
+
+def test_fewer_than_five_rounds_claim_nothing():
+    base = _contestant("default", [80, 82], True, workers=0)
+    cand = _contestant("trial 1", [2100, 2150], False, workers=32)
+    assert stats.compare(cand.values, base.values).verdict == stats.TIE
+    assert "no claim (2 runs, 5 needed)" in stats.compare(cand.values, base.values).describe()
+    assert decide([base, cand]).winner is base, "nothing shown faster: the cheapest"
 
 
 def test_a_faster_baseline_is_never_replaced():
-    base = _contestant("recipe", [400, 410], True)
-    cand = _contestant("trial 1", [300, 310], False, workers=2)
+    base = _contestant("recipe", [400, 410, 405, 402, 408], True)
+    cand = _contestant("trial 1", [300, 310, 305, 302, 308], False, workers=2)
     assert decide([base, cand]).winner is base
 
 
-def test_a_candidate_that_failed_a_final_run_cannot_win():
-    base = _contestant("default", [80, 82], True, workers=0)
-    cand = _contestant("trial 2", [900], False)
-    cand.results.append(TrialResult([], "failed", reason="killed by SIGKILL"))
+@pytest.mark.parametrize("who", ["candidate", "baseline"])
+def test_a_contestant_that_failed_a_final_run_is_out(who):
+    base = _contestant("default", [80, 82, 81, 80, 83], True, workers=0)
+    cand = _contestant("trial 2", [900, 910, 905, 902, 908], False)
+    loser = cand if who == "candidate" else base
+    loser.results.append(TrialResult([], "failed", reason="killed by SIGKILL"))
     d = decide([base, cand])
-    assert d.winner is base and cand.failures == ["failed: killed by SIGKILL"]
+    assert d.winner is not loser and loser.failures == ["failed: killed by SIGKILL"]
+    assert f"out for a failed final run: {loser.name}" in d.reason
+
+
+def test_contestants_with_the_same_resolved_settings_are_one():
+    cpu_run = {
+        "loader": {"batch_size": 64, "num_workers": 2, "pin_memory": False},
+        "torch_threads": 2,
+    }
+    recipe = _contestant("recipe", [500], True, run=cpu_run)
+    # prefetch_factor null is PyTorch's 2; persistent_workers means nothing while streaming
+    same = {**cpu_run, "loader": {**cpu_run["loader"], "prefetch_factor": 2}}
+    same["loader"]["persistent_workers"] = True
+    trial = _contestant("trial 4", [530], False, run=same)
+    other = _contestant("trial 6", [520], False, run={**cpu_run, "torch_threads": 1})
+    merged = merge_identical([recipe, trial, other], stream=True)
+    assert merged == [recipe, other] and recipe.label == "recipe = trial 4"
+    assert recipe.values == [500, 530], "both runs are runs of the one configuration"
+    with_epochs = [_contestant("a", [1], True, run=cpu_run), _contestant("b", [1], False, run=same)]
+    assert len(merge_identical(with_epochs, stream=False)) == 2, "persistence matters with epochs"
+
+
+def test_a_clearly_slower_contestant_stops_early_and_loses():
+    default = _contestant("default", [80, 83], True, workers=0)
+    cand = _contestant("trial 1", [2100, 1900, 2150, 2120, 2180], False, workers=32)
+    assert drop_clearly_slower([default, cand]) == [default]
+    d = decide([default, cand])
+    assert d.winner is cand and "clearly slower" in d.reason
+
+
+def test_noise_between_identical_settings_is_a_tie():
+    rng = random.Random(0)
+    a = [1000 * rng.uniform(0.93, 1.07) for _ in range(5)]
+    b = [1000 * rng.uniform(0.93, 1.07) for _ in range(5)]
+    c = stats.compare(a, b)
+    assert c.low < 1.0 < c.high and c.verdict == stats.TIE
+    assert "tie within noise" in c.describe()
+    assert stats.compare([1200 * x / 1000 for x in a], b).verdict == stats.WIN
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,7 +189,20 @@ def test_guard_skips_what_would_not_fit():
     big = OmegaConf.create(
         {"loader": {"num_workers": 48, "prefetch_factor": None, "batch_size": 1}}
     )
-    assert "predicted memory 5,400 MB" in guard.check(big)
+    assert "predicted memory 5,414 MB" in guard.check(big)
+
+
+def test_guard_counts_shared_memory_as_ram():
+    """/dev/shm is tmpfs: batches in flight and the processes share one RAM budget."""
+    guard = FeasibilityGuard()
+    guard.ram_budget_mb, guard.shm_budget_mb = 4000.0, 10_000.0
+    guard.footprint, guard.learned = Footprint(600.0, 100.0, 2**20), True
+    cfg = OmegaConf.create({"loader": {"num_workers": 4, "prefetch_factor": 2, "batch_size": 400}})
+    memory, shm = predict(cfg.loader, guard.footprint)
+    assert memory < 4000 and shm < 4000, "each alone fits its budget"
+    reason = guard.check(cfg)
+    assert reason is not None and "predicted memory 4,200 MB" in reason
+    assert "3,200 MB of batches in /dev/shm, which is RAM" in reason
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,7 +369,8 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
         timeout=120,
     )
     assert loaded.returncode == 0, loaded.stderr
-    assert OmegaConf.create(loaded.stdout).loader.num_workers >= 0
+    written = OmegaConf.load(preset)
+    assert OmegaConf.create(loaded.stdout).loader.num_workers == written.num_workers
     for name in (
         "best_config.yaml",
         "sweep_report.md",

@@ -182,6 +182,9 @@ class TrainerConfig:
     resume: bool = False  # continue from <run dir>/<checkpoint_dir>/last.pt
     progress: bool = True
     measure: Measure = Measure.train
+    # Warm up until the start-up backlog (num_workers x prefetch_factor batches) is consumed
+    # and two windows of window_steps agree within 10%; false: exactly warmup_steps.
+    steady_state: bool = True
     # Stream samples without epoch ends (a sampler that reshuffles forever): the steady state
     # the sweep compares. samples/s is then the lower of consumed and produced.
     stream: bool = False
@@ -200,8 +203,8 @@ class SweepConfig:
     tune_batch_size: bool = False  # off: batch size changes training, not just loading
     batch_sizes: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
     finalists: int = 2  # best candidates re-measured against the baselines
-    final_rounds: int = 2  # alternating re-measurements of each finalist and baseline
-    final_seconds: float = 4.0  # measured window of each final run (longer than the search's)
+    final_rounds: int = 5  # alternating re-measurements of each finalist and baseline
+    final_seconds: float = 3.0  # measured window of each final run, after its warm-up
     write_preset: bool = True
 
 

@@ -140,10 +140,10 @@ def gather(metrics: dict, ranks: Ranks) -> dict:
         "peak_pss_mb",
         "peak_uss_mb",
         "peak_processes",
-        "peak_shm_mb",
     ):
         values = [m.get(key) for m in every]
         total[key] = sum(values) if all(v is not None for v in values) else None
+    total["peak_shm_mb"] = shm_per_host(every)
     for key in ("data_wait_frac", "step_time_p50_ms", "step_time_p90_ms", "first_batch_s"):
         values = [m.get(key) for m in every if m.get(key) is not None]
         total[key] = max(values) if values else None
@@ -156,6 +156,19 @@ def gather(metrics: dict, ranks: Ranks) -> dict:
         for m in every
     ]
     return total
+
+
+def shm_per_host(every: list[dict]) -> float | None:
+    """/dev/shm peak of the job: every rank reads its whole host's, so once per host (the
+    highest reading there), summed over hosts."""
+    per_host: dict[str, float] = {}
+    for m in every:
+        value = m.get("peak_shm_mb")
+        if value is None:
+            return None
+        host = (m.get("run") or {}).get("host", "")
+        per_host[host] = max(per_host.get(host, 0.0), value)
+    return sum(per_host.values())
 
 
 def barrier(ranks: Ranks) -> None:

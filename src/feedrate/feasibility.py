@@ -66,12 +66,13 @@ class FeasibilityGuard:
         if not self.learned:
             return None
         memory, shm = predict(cfg.loader, self.footprint)
-        if memory > self.ram_budget_mb:
+        # /dev/shm is tmpfs: the batches in flight live in RAM beside the processes
+        if memory + shm > self.ram_budget_mb:
             return (
-                f"predicted memory {memory:,.0f} MB (main {self.footprint.main_mb:,.0f} MB +"
-                f" {cfg.loader.num_workers} workers x {self.footprint.per_worker_mb:,.0f} MB)"
-                f" exceeds the budget {self.ram_budget_mb:,.0f} MB"
-                f" ({self.budget_frac:.0%} of available RAM)"
+                f"predicted memory {memory + shm:,.0f} MB (main {self.footprint.main_mb:,.0f} MB"
+                f" + {cfg.loader.num_workers} workers x {self.footprint.per_worker_mb:,.0f} MB"
+                f" + {shm:,.0f} MB of batches in /dev/shm, which is RAM) exceeds the budget"
+                f" {self.ram_budget_mb:,.0f} MB ({self.budget_frac:.0%} of available RAM)"
             )
         if shm > self.shm_budget_mb:
             return (

@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -302,15 +303,18 @@ def _run(
     if skipped:
         log.warning("%d samples failed to load and were skipped <cfg.dataset.on_error>", skipped)
     metrics["steps"] = result.steps
+    metrics["warmup"] = result.warmup
     metrics["epochs_started"] = result.epochs_started
     metrics["run"] = {
         "fingerprint": fingerprint.as_dict(),
+        "host": socket.gethostname(),
         "device": str(hw.device),
         "amp_dtype": str(hw.amp_dtype),
         "channels_last": hw.channels_last,
         "cudnn_benchmark": hw.cudnn_benchmark,
         "non_blocking": hw.non_blocking,
         "loader": loader_args,
+        "torch_threads": torch.get_num_threads(),
         "dataset_len": len(dataset),
         "sample_bytes": sample.element_size() * sample.nelement(),
         "num_classes": n_classes,

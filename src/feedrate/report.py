@@ -95,7 +95,7 @@ def rows(study: optuna.Study, search: list[TrialResult], contestants, n_new: int
         out.append(_row("search", f"trial {first_new + i}", r))
     for c in contestants:
         for k, r in enumerate(c.results):
-            out.append(_row(f"final {k + 1}", c.name, r))
+            out.append(_row(f"final {k + 1}", c.label, r))
     return out
 
 
@@ -123,17 +123,25 @@ def write_markdown(path: Path, config: DictConfig, table, contestants, decision)
         "",
         "## Final re-measurement (alternating, same session)",
         "",
-        "| configuration | median samples/s | spread | runs | ratio to winner |",
+        "Contestants that resolved to the same DataLoader settings are one row (`a = b`).",
+        "Against the fastest: the ratio of medians, its 95% bootstrap interval over the rounds,",
+        "and the verdict (a tie when the interval includes 1.0).",
+        "",
+        "| configuration | median samples/s | spread | runs | against the fastest |",
         "|---|---|---|---|---|",
     ]
-    win = decision.winner.median
     for c in contestants:
-        med = c.median
-        ratio = f"{med / win:.2f}" if med and win else ""
+        versus = decision.versus_fastest.get(c.name)
+        if c is decision.fastest:
+            against = "fastest"
+        elif c.dropped:
+            against = c.dropped
+        else:
+            against = versus.describe() if versus is not None else ""
         lines.append(
-            f"| {c.name}{' (baseline)' if c.is_baseline else ''}"
-            f"{' **winner**' if c is decision.winner else ''} | {_fmt(med)} | {_fmt(c.spread)}"
-            f" | {len(c.values)}/{len(c.results)} | {ratio} |"
+            f"| {c.label}{' (baseline)' if c.is_baseline else ''}"
+            f"{' **winner**' if c is decision.winner else ''} | {_fmt(c.median)} | {_fmt(c.spread)}"
+            f" | {len(c.values)}/{len(c.results)} | {against} |"
         )
     lines += ["", f"Decision: {decision.reason}.", "", "## Every trial", ""]
     lines.append("| " + " | ".join(COLUMNS) + " |")
@@ -211,7 +219,7 @@ def plot_all(sweep_dir: Path, table: list[dict], contestants, decision) -> None:
     # baselines against candidates in the final round
     measured = [c for c in contestants if c.median is not None]
     fig, ax = plt.subplots(figsize=(7, 4))
-    names = [c.name for c in measured]
+    names = [c.label for c in measured]
     meds = [c.median for c in measured]
     lo = [c.median - min(c.values) for c in measured]
     hi = [max(c.values) - c.median for c in measured]

@@ -31,7 +31,7 @@ import torch
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from feedrate import environment, hardware
+from feedrate import environment, hardware, stats
 from feedrate.errors import ConfigError, FeedrateError
 from feedrate.files import atomic_write_text
 from feedrate.preset import (
@@ -137,12 +137,45 @@ def loader_search_space(cfg: DictConfig, trial: optuna.trial.Trial) -> None:
 # The final re-measurement and the decision
 
 
+def resolved_settings(metrics: dict, stream: bool) -> dict | None:
+    """What a run's DataLoader really ran with, as far as throughput can tell (None: unknown).
+
+    Two contestants with the same resolved settings are one configuration measured twice, not
+    a comparison: ``pin_memory`` is off without CUDA, ``prefetch_factor: null`` is 2, and the
+    worker-only settings mean nothing without workers; ``persistent_workers`` does nothing
+    while streaming (no epoch ends).
+    """
+    run = (metrics or {}).get("run") or {}
+    loader = run.get("loader")
+    if not loader:
+        return None
+    out = {
+        "batch_size": loader.get("batch_size"),
+        "num_workers": loader.get("num_workers", 0),
+        "pin_memory": bool(loader.get("pin_memory")),
+        "torch_threads": run.get("torch_threads"),
+    }
+    if out["num_workers"]:
+        out["prefetch_factor"] = loader.get("prefetch_factor") or 2
+        out["multiprocessing_context"] = loader.get("multiprocessing_context")
+        if not stream:
+            out["persistent_workers"] = bool(loader.get("persistent_workers"))
+    return out
+
+
 @dataclass
 class Contestant:
     name: str  # "recipe", "default", "trial 7", ...
     overrides: list[str]
     is_baseline: bool
     results: list[TrialResult] = field(default_factory=list)
+    aliases: list[str] = field(default_factory=list)  # contestants that resolved to the same
+    dropped: str = ""  # why it was not measured to the last round (clearly slower)
+
+    @property
+    def label(self) -> str:
+        """``recipe = trial 3`` when several contestants are one configuration."""
+        return " = ".join([self.name, *self.aliases])
 
     @property
     def values(self) -> list[float]:
@@ -161,12 +194,15 @@ class Contestant:
         """(max - min) of the repeats, in samples/s."""
         return max(self.values) - min(self.values) if len(self.values) > 1 else 0.0
 
+    def ok_result(self) -> TrialResult | None:
+        return next((r for r in self.results if r.ok), None)
+
     def loader(self) -> dict:
-        for r in self.results:
-            if r.ok:
-                composed = OmegaConf.load(Path(r.job_dir) / ".hydra" / "config.yaml")
-                return OmegaConf.to_container(composed.loader, resolve=True)
-        return {}
+        r = self.ok_result()
+        if r is None:
+            return {}
+        composed = OmegaConf.load(Path(r.job_dir) / ".hydra" / "config.yaml")
+        return OmegaConf.to_container(composed.loader, resolve=True)
 
     def cost(self) -> tuple[float, float]:
         """Cheaper first: fewer workers, then less memory."""
@@ -174,51 +210,103 @@ class Contestant:
         return (self.loader().get("num_workers", 0), statistics.median(mem) if mem else 0.0)
 
 
+def merge_identical(contestants: list[Contestant], stream: bool) -> list[Contestant]:
+    """One contestant per resolved configuration: a later one that ran the same settings as an
+    earlier one is folded into it (its runs count for both); the order is kept."""
+    kept: list[tuple[dict | None, Contestant]] = []
+    for c in contestants:
+        r = c.ok_result()
+        key = resolved_settings(r.metrics, stream) if r is not None else None
+        twin = next((k for s, k in kept if key is not None and s == key), None)
+        if twin is None:
+            kept.append((key, c))
+            continue
+        twin.aliases += [c.name, *c.aliases]
+        twin.results += c.results
+        twin.is_baseline = twin.is_baseline or c.is_baseline
+    return [c for _, c in kept]
+
+
+CLEARLY_SLOWER = 0.5
+
+
+def drop_clearly_slower(contestants: list[Contestant]) -> list[Contestant]:
+    """Mark the contestants whose best run is below ``CLEARLY_SLOWER`` times the worst run of
+    the fastest: no run-to-run noise spans a factor of two, so more rounds of them would only
+    spend time (PyTorch's default against 32 workers on I/O-bound data). Returns them."""
+    measured = [c for c in contestants if c.values and not c.failures and not c.dropped]
+    if not measured:
+        return []
+    fastest = max(measured, key=lambda c: c.median)
+    floor = min(fastest.values)
+    out = []
+    for c in measured:
+        if c is not fastest and max(c.values) < CLEARLY_SLOWER * floor:
+            c.dropped = (
+                f"clearly slower: its best run, {max(c.values):,.1f} samples/s, is below half of"
+                f" the worst run of {fastest.label}, {floor:,.1f}; not measured further"
+            )
+            out.append(c)
+    return out
+
+
 @dataclass
 class Decision:
     winner: Contestant
-    best_baseline: Contestant
-    best_candidate: Contestant | None
+    fastest: Contestant
+    best_baseline: Contestant | None
     reason: str
     contestants: list[Contestant] = field(default_factory=list)
+    # each measured contestant against the fastest: the ratio of medians and its interval
+    versus_fastest: dict[str, stats.Comparison] = field(default_factory=dict)
 
 
 def decide(contestants: list[Contestant]) -> Decision:
-    """The best candidate wins only if it beats the best baseline by more than the noise."""
-    measured = [c for c in contestants if c.median is not None]
-    baselines = [c for c in measured if c.is_baseline]
-    # A candidate that crashed, hung or was killed in any final run cannot become a preset.
-    candidates = [c for c in measured if not c.is_baseline and not c.failures]
-    if not baselines and not candidates:
-        raise FeedrateError("no configuration could be measured in the final round")
-    if not baselines:
-        best = max(candidates, key=lambda c: c.median)
-        return Decision(best, best, best, "no baseline could be measured", contestants)
-    base = max(baselines, key=lambda c: c.median)
-    if not candidates:
-        return Decision(base, base, None, "no tuned candidate could be measured", contestants)
-    cand = max(candidates, key=lambda c: c.median)
-    noise = max(cand.spread, base.spread)
-    margin = cand.median - base.median
-    if margin <= 0:
-        reason = (
-            f"the best baseline, {base.name}, measured {-margin:,.1f} samples/s faster than the"
-            f" best tuned candidate, {cand.name}"
+    """Among the contestants not significantly slower than the fastest, the cheapest wins.
+
+    Every finalist and every baseline is weighed against the fastest (the 95% interval of the
+    ratio of medians over the rounds, :mod:`feedrate.stats`); a contestant with any failed
+    final run is out, baselines included. Cheapest: fewest workers, then least memory.
+    """
+    eligible = [c for c in contestants if c.median is not None and not c.failures]
+    if not eligible:
+        reasons = "; ".join(f"{c.label}: {', '.join(c.failures) or 'no run'}" for c in contestants)
+        raise FeedrateError(
+            "no configuration ran every final run without failing, so there is nothing to"
+            f" decide and no preset was written ({reasons})"
         )
-        return Decision(base, base, cand, reason, contestants)
-    if margin > noise:
+    fastest = max(eligible, key=lambda c: c.median)
+    versus = {c.name: stats.compare(c.values, fastest.values) for c in eligible}
+    close = [
+        c
+        for c in eligible
+        if c is fastest or (versus[c.name].verdict != stats.LOSS and not c.dropped)
+    ]
+    winner = min(close, key=lambda c: (*c.cost(), -c.median))
+    baselines = [c for c in eligible if c.is_baseline]
+    best_baseline = max(baselines, key=lambda c: c.median) if baselines else None
+    slower = [c for c in eligible if c not in close]
+    out = [c for c in contestants if c not in eligible]
+    if winner is fastest:
+        reason = f"{winner.label} is the fastest ({winner.median:,.1f} samples/s)"
+        others = [c for c in close if c is not winner]
+        if others:
+            reason += "; within noise of it but no cheaper: " + ", ".join(
+                f"{c.label} {versus[c.name].describe()}" for c in others
+            )
+    else:
         reason = (
-            f"{cand.name} beats {base.name} by {margin:,.1f} samples/s, more than the measured"
-            f" spread ({noise:,.1f})"
+            f"{winner.label} ({winner.cost()[0]} workers) is not significantly slower than the"
+            f" fastest, {fastest.label} ({fastest.cost()[0]} workers):"
+            f" {versus[winner.name].describe()}; the cheapest of those within noise wins"
         )
-        return Decision(cand, base, cand, reason, contestants)
-    cheaper = min((cand, base), key=lambda c: c.cost())
-    reason = (
-        f"{cand.name} beats {base.name} by only {margin:,.1f} samples/s, within the measured"
-        f" spread ({noise:,.1f}): the cheaper configuration (fewer workers, less memory),"
-        f" {cheaper.name}, wins"
-    )
-    return Decision(cheaper, base, cand, reason, contestants)
+    if slower:
+        reason += "; significantly slower: " + ", ".join(
+            f"{c.label} {c.dropped or versus[c.name].describe()}" for c in slower
+        )
+    if out:
+        reason += "; out for a failed final run: " + ", ".join(c.label for c in out)
+    return Decision(winner, fastest, best_baseline, reason, contestants, versus)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,6 +323,39 @@ def _conf_dir(config: DictConfig) -> Path:
 def _base_args(config: DictConfig) -> list[str]:
     """The command line's overrides, which every trial repeats."""
     return list(config.hydra.overrides.task)
+
+
+def _hydra_args(config: DictConfig) -> list[str]:
+    """The command line's ``hydra.*`` overrides that shape the sweep (trials, launcher)."""
+    own = ("hydra.mode", "hydra.sweep.dir", "hydra.run.dir", "hydra.sweeper.study_name")
+    return [a for a in config.hydra.overrides.hydra if not a.startswith(own)]
+
+
+def write_decision(sweep_dir: Path, decision: Decision) -> None:
+    """``final_decision.yaml`` beside Optuna's ``optimization_results.yaml``, which names the
+    best *search* trial: the final decision, after re-measuring, can differ from it."""
+    winner = decision.winner
+    data = {
+        "winner": winner.label,
+        "loader": winner.loader(),
+        "median_samples_per_sec": winner.median,
+        "reason": decision.reason,
+        "versus_fastest": {k: v.as_dict() for k, v in decision.versus_fastest.items()},
+    }
+    note = (
+        "# The sweep's final decision, after re-measuring the finalists and the baselines in"
+        " alternating rounds.\n# optimization_results.yaml beside it is Optuna's best *search*"
+        " trial (one short run each), not this.\n"
+    )
+    atomic_write_text(sweep_dir / "final_decision.yaml", note + OmegaConf.to_yaml(data))
+    optuna_file = sweep_dir / "optimization_results.yaml"
+    if optuna_file.exists():
+        text = optuna_file.read_text()
+        pointer = (
+            "# best_params: the best search trial; the sweep's choice is final_decision.yaml\n"
+        )
+        if not text.startswith(pointer):
+            atomic_write_text(optuna_file, pointer + text)
 
 
 class SweepFailed(FeedrateError):
@@ -273,6 +394,13 @@ def check_sweep(config: DictConfig) -> None:
     for key in ("finalists", "final_rounds"):
         if s[key] < 1:
             problems.append(f"sweep.{key}={s[key]} must be at least 1")
+    if 1 <= s.final_rounds < stats.MIN_ROUNDS:
+        log.warning(
+            "sweep.final_rounds=%d: with fewer than %d rounds no contestant can be shown faster"
+            " than another, so the cheapest one measured wins <cfg.sweep.final_rounds>",
+            s.final_rounds,
+            stats.MIN_ROUNDS,
+        )
     if s.final_seconds <= 0:
         problems.append(f"sweep.final_seconds={s.final_seconds} must be positive")
     if s.max_workers is not None and s.max_workers < 1:
@@ -354,7 +482,8 @@ class LoaderSweep(Callback):
         if earlier == 0:
             # Seeds: the core count (what CPU-capped tuners pick) and far past it.
             cores = max(1, int(hardware.usable_cores()))
-            for workers in sorted({cores, min(max_workers(config), 8 * cores)}):
+            top = max_workers(config)  # sweep.max_workers bounds the seeds too
+            for workers in sorted({min(cores, top), min(top, 8 * cores)}):
                 study.enqueue_trial({"loader.num_workers": workers})
         log.info(
             "loader sweep: study %s (%s), %d earlier trials; %d new trials, one at a time, each"
@@ -393,9 +522,10 @@ class LoaderSweep(Callback):
         study = optuna.load_study(study_name=sweeper.study_name, storage=sweeper.storage)
         search = report.collect_search(sweep_dir)
         contestants = self._contestants(config, study, search)
-        self._remeasure(config, contestants, sweep_dir / "final")
+        contestants = self._remeasure(config, contestants, sweep_dir / "final")
         decision = decide(contestants)
         log.info("decision: %s", decision.reason)
+        write_decision(sweep_dir, decision)
 
         name = config.sweep.preset_name
         path = preset_path(_conf_dir(config), name)
@@ -437,7 +567,11 @@ class LoaderSweep(Callback):
                 break
         return contestants
 
-    def _remeasure(self, config: DictConfig, contestants: list[Contestant], out: Path) -> None:
+    def _remeasure(
+        self, config: DictConfig, contestants: list[Contestant], out: Path
+    ) -> list[Contestant]:
+        """Alternating rounds of every contestant; after the first, contestants that ran the
+        same resolved settings are one (measured once from then on). Returns those left."""
         from tqdm import tqdm
 
         script = Path(sys.argv[0]).resolve()
@@ -448,15 +582,27 @@ class LoaderSweep(Callback):
         bar = tqdm(total=rounds * len(contestants), desc="final re-measurement", unit="run")
         for r in range(rounds):
             # Alternate, and reverse every other round, so drift hits everyone alike.
-            order = contestants if r % 2 == 0 else contestants[::-1]
-            for c in order:
+            live = [c for c in contestants if not c.dropped]
+            for c in live if r % 2 == 0 else live[::-1]:
                 slug = c.name.replace(" ", "_")
                 res = run_trial(script, [*c.overrides, *longer], out / f"round{r}_{slug}", timeout)
                 c.results.append(res)
                 shown = f"{res.value:,.1f} samples/s" if res.ok else f"{res.status}: {res.reason}"
                 bar.write(f"final round {r + 1}/{rounds}: {c.name:>12} -> {shown}")
                 bar.update(1)
+            if r == 0:
+                merged = merge_identical(contestants, bool(config.trainer.stream))
+                for c in merged:
+                    if c.aliases:
+                        bar.write(f"{c.label}: same settings, measured as one from now on")
+                bar.total -= (rounds - 1) * (len(contestants) - len(merged))
+                contestants = merged
+            if r == 1:
+                for c in drop_clearly_slower(contestants):
+                    bar.write(f"{c.label}: {c.dropped}")
+                    bar.total -= rounds - 2
         bar.close()
+        return contestants
 
     def _write_preset(
         self, config: DictConfig, path: Path, decision: Decision, study: optuna.Study
@@ -473,6 +619,8 @@ class LoaderSweep(Callback):
         )
         base = decision.best_baseline
         name = path.stem
+        final_s = config.sweep.final_seconds
+        fresh = f"{config.sweep.study_dir}/{datetime.now():%Y-%m-%d_%H-%M-%S}"
         lines = [
             f"python train.py loader={name}",
             f"Measured {datetime.now().isoformat(timespec='seconds')} by a loader sweep, study"
@@ -483,20 +631,23 @@ class LoaderSweep(Callback):
         for c in decision.contestants:
             if c is winner or c.median is None:
                 continue
-            ratio = winner.median / c.median if c.median else float("nan")
+            versus = stats.compare(winner.values, c.values)
             lines.append(
-                f"  vs {c.name}: {c.median:,.1f} samples/s (spread {c.spread:,.1f}),"
-                f" ratio {ratio:.2f}x"
+                f"  vs {c.label}: {c.median:,.1f} samples/s; {winner.name} / it ="
+                f" {versus.describe()} (95% interval, {len(c.values)} runs)"
             )
         lines += [
             f"Decision: {decision.reason}.",
-            f"Best baseline: {base.name}.",
+            f"Best baseline: {base.label if base else 'none measured'}.",
             f"Workload: dataset={config.hydra.runtime.choices.get('dataset')}"
             f" model={config.hydra.runtime.choices.get('model')}"
             f" batch_size={config.loader.batch_size}.",
             f"Hardware: {hardware.Fingerprint(**measured_on['fingerprint']).short()}.",
             f"Software: {environment.short(measured_on)}.",
-            "Reproduce: python train.py -m " + " ".join(_base_args(config)),
+            "Re-measure the winner as the sweep did: python train.py "
+            + " ".join([*winner.ok_result().overrides, f"trainer.max_seconds={final_s}"]),
+            "Re-run the sweep afresh (a new study): python train.py -m "
+            + " ".join([*_base_args(config), *_hydra_args(config), f"sweep.study_dir={fresh}"]),
             "Plain data: the DataLoader's own arguments on top of loader/default.yaml.",
             *(
                 [

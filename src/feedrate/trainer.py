@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -20,7 +20,7 @@ from feedrate.errors import ConfigError, DatasetError, Interrupted
 from feedrate.faults import LoaderFailure
 from feedrate.hardware import Hardware
 from feedrate.loader import produced_samples
-from feedrate.metrics import ResourceMonitor, StepTimes
+from feedrate.metrics import ResourceMonitor, StepTimes, WarmUp
 
 # Normalisation happens on the device: the loader moves uint8, 4x fewer bytes than float32.
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -79,6 +79,7 @@ class TrainResult:
     final_loss: float
     train_accuracy: float
     position: Position  # where training stopped: what the final checkpoint records
+    warmup: dict = field(default_factory=dict)  # how the warm-up ended (WarmUp.as_dict)
 
 
 @dataclass
@@ -118,6 +119,20 @@ def planned_steps(cfg: DictConfig, loader: DataLoader) -> int:
     return steps
 
 
+def startup_backlog(loader: DataLoader, stream: bool = False) -> int:
+    """Batches to consume before the rate is the setting's, not its start-up's.
+
+    With epochs, samples/s is what training consumed, so the whole start-up backlog (workers
+    are handed ``prefetch_factor`` batches each at once) must be eaten first. Streaming,
+    samples/s is also bounded by what workers produce, which is steady once every worker is
+    running: one batch from each (batches arrive in worker order) is enough.
+    """
+    workers = getattr(loader, "num_workers", 0) or 0
+    if stream:
+        return workers
+    return workers * (getattr(loader, "prefetch_factor", None) or 2)
+
+
 def train(
     model: nn.Module,
     loader: DataLoader,
@@ -141,16 +156,27 @@ def train(
     are host-side, and their sum over the measured phase equals its wall time. The time spent in
     ``next(iterator)`` is the time the training loop (and so the device) waited for data.
 
-    The rate is the lower of what training consumed and what the workers produced in the same
-    time (``feedrate.loader.CountingCollate``): while training eats the backlog that workers
-    queued at start-up, consumption outruns what the loader can sustain, and production is the
-    truth; when the loader keeps ahead, the queue stays full and the two agree.
+    The warm-up lasts ``warmup_steps``, and with ``steady_state`` until the start-up backlog
+    (``num_workers * prefetch_factor`` batches) is consumed and the rate has settled
+    (:class:`~feedrate.metrics.WarmUp`): the window measures the setting, not its start-up.
+    Streaming, samples/s is the lower of what training consumed and what the workers produced
+    meanwhile (``feedrate.loader.CountingCollate``); with epochs, what training consumed
+    (workers idle legitimately at an epoch's end), see ``metrics.summarise``.
     """
     total = planned_steps(cfg, loader)
     start = resume.step if resume is not None else 0
+    measure = Measure(getattr(cfg.measure, "value", cfg.measure))
     # Steps before measuring: enough to rebuild the pipeline, and at least one measured step.
     warmup = min(cfg.warmup_steps, total - start - 1)
-    measure = Measure(getattr(cfg.measure, "value", cfg.measure))
+    warm = WarmUp(
+        warmup,
+        backlog=startup_backlog(loader, cfg.stream) if measure is not Measure.compute else 0,
+        # a window that sees every worker deliver: workers started together deliver in bursts
+        window_steps=max(cfg.window_steps, getattr(loader, "num_workers", 0) or 0),
+        steady=cfg.steady_state,
+        sync=lambda: _sync(hw.device),
+    )
+    warm_end: int | None = None  # the step after which the clock runs
     resident: tuple[torch.Tensor, torch.Tensor] | None = None
     produced_at_start = None
     scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
@@ -186,7 +212,7 @@ def train(
         dynamic_ncols=True,
     )
     if warmup > 0:  # the figures come per window, after the warm-up
-        bar.set_postfix_str(f"warm-up: {warmup} steps unmeasured", refresh=False)
+        bar.set_postfix_str("warming up: unmeasured until the rate settles", refresh=False)
     first_epoch = True
     done = False
     per_batch = getattr(loader, "batch_size", None) or 0  # samples the sampler hands a batch
@@ -206,6 +232,7 @@ def train(
         return measure_start
 
     if warmup == 0:  # resumed one step before the end: measure that step
+        warm_end = start
         window_start = begin_measuring()
     while not done:
         t_iter = loader_created_at if first_epoch else time.perf_counter()
@@ -268,7 +295,9 @@ def train(
             window_seen += len(y)
             step += 1
 
-            measured_step = step - start - warmup
+            if warm_end is None and (warm.update() or step >= total - 1):
+                warm_end = step  # the warm-up is over, or only one step is left to measure
+            measured_step = step - warm_end if warm_end is not None else -1
             restart = step == rewarm_until  # the warm-up after a checkpoint is over
             measured = measured_step > 0 and step > rewarm_until
             window_end = measured and (window_steps + 1 >= cfg.window_steps or step == total)
@@ -376,6 +405,7 @@ def train(
         final_loss=final_loss,
         train_accuracy=train_acc,
         position=stopped_at,
+        warmup=warm.as_dict(),
     )
 
 

@@ -44,8 +44,10 @@ class TrialResult:
     def ok(self) -> bool:
         return self.status == OK
 
-    def save(self) -> None:
-        atomic_write_text(Path(self.job_dir) / "trial.json", json.dumps(asdict(self), indent=2))
+    def save(self, where: str | os.PathLike | None = None) -> None:
+        """Write trial.json into ``where`` (default: the run's own ``job_dir``)."""
+        target = Path(where if where is not None else self.job_dir) / "trial.json"
+        atomic_write_text(target, json.dumps(asdict(self), indent=2))
 
     @classmethod
     def load(cls, job_dir: str | os.PathLike) -> TrialResult:
@@ -160,8 +162,10 @@ def run_trial(
         result.reason = (
             f"noisy ({'; '.join(first_noise)}), and measuring it again failed: {again.reason}"
         )
-        result.job_dir = str(job_dir)
+        # job_dir now holds the failed run: the figure's files (config, metrics) stay aside,
+        # and job_dir/trial.json, which the report reads, points there
         result.save()
+        result.save(job_dir)
         return result
     noise = again.metrics.get("noise")
     again.reason = (
