@@ -148,6 +148,12 @@ def validate(cfg: DictConfig) -> None:
     ]
     if cfg.hardware.torch_threads is not None and cfg.hardware.torch_threads < 1:
         problems.append(f"hardware.torch_threads={cfg.hardware.torch_threads} must be at least 1")
+    every = cfg.trainer.get("memory_sample_s")
+    if every is not None and every <= 0:
+        problems.append(
+            f"trainer.memory_sample_s={every} must be positive, or null (memory read only"
+            " before and after the measured window)"
+        )
     limit = cfg.hardware.memory_limit_gb
     if limit is not None and limit <= 0:
         problems.append(

@@ -185,6 +185,10 @@ class TrainerConfig:
     # Warm up until the start-up backlog (num_workers x prefetch_factor batches) is consumed
     # and two windows of window_steps agree within 10%; false: exactly warmup_steps.
     steady_state: bool = True
+    # Memory (PSS of the process tree, the guard's input) is read every memory_sample_s outside
+    # the measured window; inside it only when the machine's free memory says the tree grew.
+    # null: read only before and after the window, and no memory guard.
+    memory_sample_s: float | None = 2.0
     # Stream samples without epoch ends (a sampler that reshuffles forever): the steady state
     # the sweep compares. samples/s is then the lower of consumed and produced.
     stream: bool = False

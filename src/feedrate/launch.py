@@ -235,6 +235,7 @@ def _run(
     machine_limit = limit_gb * 2**30 if limit_gb is not None else _default_memory_limit()
     with (
         ResourceMonitor(
+            interval_s=cfg.trainer.memory_sample_s,
             # the machine's memory, shared by the ranks on it
             limit_bytes=machine_limit / ranks.local_world_size,
             explicit_limit=limit_gb is not None,
