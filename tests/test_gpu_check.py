@@ -51,62 +51,41 @@ def test_the_gpu_check_runs_every_stage_in_smoke_mode(tmp_path):
     assert (project / "conf" / "loader" / "gpu_check_smoke.yaml").exists()
 
 
-def test_a_benchmark_cut_short_is_summarised_from_its_runs(tmp_path):
+def _row(workload, name, r, value, **extra):
+    return {
+        "workload": workload,
+        "round": r,
+        "name": name,
+        "samples_per_sec": value,
+        "status": "ok" if value is not None else "failed",
+        "reason": "" if value is not None else "killed",
+        "device": "cpu",
+        **extra,
+    }
+
+
+def test_a_benchmark_cut_short_is_summarised_with_intervals_and_the_shared_core_ceiling(tmp_path):
     rows = []
+    two = {"num_workers": 2, "prefetch_factor": 2, "batch_size": 64}
     for name, values in {
-        "default": [90, 94],
-        "recipe": [350, 352],
-        "cpu_capped": [176, 178],
-        "tuned": [1300, 1310],
-        "grid_0": [92, 92],
-        "grid_16": [1270, 1280],
-        "ceiling_loader_tuned": [1350, 1360],
-        "ceiling_loader_grid_48": [2370],
-        "ceiling_compute": [2600, 2620],
+        "tuned": [1300, 1310, 1290, 1305, 1295],
+        "default": [90, 94, 92, 91, 93],
+        "recipe": [350, 352, 349, 351, 353],
+        "grid_0": [92, 93, 91, 92, 90],
+        "grid_16": [1270, 1330, 1280, 1320, 1300],
+        "ceiling_loader_grid_48": [2370, 2380, 2360, 2375, 2365],
+        "ceiling_loader_tuned": [1350],
+        "ceiling_compute": [2600, 2620, 2610, 2590, 2605],
     }.items():
-        for r, v in enumerate(values):
-            rows.append(
-                {
-                    "workload": "synthetic",
-                    "round": r,
-                    "name": name,
-                    "samples_per_sec": v,
-                    "status": "ok",
-                    "reason": "",
-                }
-            )
-    rows.append(
-        {
-            "workload": "synthetic",
-            "round": 1,
-            "name": "grid_0",
-            "samples_per_sec": None,
-            "status": "failed",
-            "reason": "killed",
-        }
-    )
+        rows += [_row("synthetic", name, r, v) for r, v in enumerate(values)]
+    # the CPU-capped pick ran the tuned preset's settings: one row, not a comparison
+    rows[0]["settings"] = two
+    rows.append(_row("synthetic", "cpu_capped", 0, 1280, settings=two))
+    rows.append(_row("synthetic", "grid_0", 5, None))
     # A second workload cut short before its ceilings: compared without them, no verdict there
     for name, value in {"recipe": 400.0, "tuned": 500.0, "grid_2": 480.0}.items():
-        rows.append(
-            {
-                "workload": "photos",
-                "round": 0,
-                "name": name,
-                "samples_per_sec": value,
-                "status": "ok",
-                "reason": "",
-            }
-        )
-    rows.append(
-        {
-            "workload": "photos",
-            "round": 0,
-            "name": "ceiling_compute",
-            "samples_per_sec": None,
-            "status": "failed",
-            "reason": "timed out",
-        }
-    )
+        rows.append(_row("photos", name, 0, value))
+    rows.append(_row("photos", "ceiling_compute", 0, None))
     (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     proc = subprocess.run(
         [sys.executable, "benchmarks/loader_bench.py", "--summarise", str(tmp_path)],
@@ -117,14 +96,24 @@ def test_a_benchmark_cut_short_is_summarised_from_its_runs(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())["synthetic"]
+    assert summary["aliases"] == {"cpu_capped": "tuned"}
+    assert summary["ratios"]["tuned/cpu_capped"]["verdict"] == "same settings"
+    assert "tuned = cpu_capped" in proc.stdout
     assert summary["best_grid"] == "grid_16"
-    assert summary["ceiling"] == 2370  # the best loader-only figure, below compute-only
-    assert summary["ratios"]["tuned/recipe"] == pytest.approx(1305 / 351)
-    assert summary["ratios"]["tuned/ceiling"] == pytest.approx(1305 / 2370)
-    assert "tuned/recipe = 3.72 (target >= 5.0) MISS" in proc.stdout
+    assert summary["ceiling_kind"] == "shared"
+    assert summary["ceiling"] == pytest.approx(1 / (1 / 2370 + 1 / 2605), rel=0.01)
+    recipe = summary["ratios"]["tuned/recipe"]
+    # the CPU-capped run is a run of the tuned settings: it counts among them
+    assert recipe["ratio"] == pytest.approx(1297.5 / 351) and recipe["verdict"] == "win"
+    assert recipe["low"] > 1.0 and "(target >= 5.0) MISS" not in proc.stdout, "no target here"
+    grid = summary["ratios"]["tuned/best_grid"]
+    assert grid["low"] < 1.0 < grid["high"] and grid["verdict"] == "tie"
+    assert "tie within noise (target >= 0.9) PASS" in proc.stdout
     photos = json.loads((tmp_path / "summary.json").read_text())["photos"]
     assert photos["ceiling"] is None and photos["ratios"]["tuned/ceiling"] is None
-    assert photos["ratios"]["tuned/recipe"] == pytest.approx(1.25)
-    assert photos["failures"] == {"ceiling_compute": ["timed out"]}
+    assert photos["ratios"]["tuned/recipe"]["ratio"] == pytest.approx(1.25)
+    assert "no claim (1 runs, 5 needed)" in photos["ratios"]["tuned/recipe"]["shown"]
+    assert photos["failures"] == {"ceiling_compute": ["killed"]}
     assert "tuned/ceiling = n/a (target >= 0.9) NOT MEASURED" in proc.stdout
+    assert "| synthetic | tuned/recipe | 3.70x [" in (tmp_path / "tables.md").read_text()
     assert (tmp_path / "bench.png").stat().st_size > 0

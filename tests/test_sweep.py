@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib.metadata
+import json
 import os
 import random
 import shutil
@@ -292,7 +293,6 @@ TINY_SWEEP = [
     "trainer.window_steps=2",
     "sweep.max_workers=4",
     "sweep.finalists=1",
-    "sweep.final_rounds=1",
     "hydra.launcher.timeout_s=90",
 ]
 
@@ -306,7 +306,7 @@ def project(tmp_path) -> Path:
     return tmp_path
 
 
-def _sweep(project: Path, *args: str, name: str = "tiny", n_trials: int = 3):
+def _sweep(project: Path, *args: str, name: str = "tiny", n_trials: int = 3, rounds: int = 1):
     return subprocess.run(
         [
             sys.executable,
@@ -316,6 +316,7 @@ def _sweep(project: Path, *args: str, name: str = "tiny", n_trials: int = 3):
             *TINY_SWEEP,
             f"sweep.preset_name={name}",
             f"hydra.sweeper.n_trials={n_trials}",
+            f"sweep.final_rounds={rounds}",
             f"hydra.sweep.dir={project}/multirun/{len(list(project.glob('multirun/*')))}",
             *args,
         ],
@@ -350,13 +351,19 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
         "dataset.n_samples=2000",
         "dataset.image_size=32",
         "dataset.io_latency_ms=4",
+        rounds=5,  # enough to show a winner: fewer claim nothing, and the cheapest wins
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     sweep_dir = project / "multirun" / "0"
     preset = project / "conf" / "loader" / "tiny.yaml"
     text = preset.read_text()
     assert text.splitlines()[:2] == ["# python train.py loader=tiny", MARKER]
-    assert "samples/s" in text and "vs default" in text and "Reproduce: python train.py" in text
+    assert "samples/s" in text and "vs default" in text and "95% interval" in text
+    again = next(ln for ln in text.splitlines() if "Re-measure the winner as the sweep did" in ln)
+    again = again.split("python train.py ", 1)[1].split()
+    afresh = next(ln for ln in text.splitlines() if "Re-run the sweep afresh" in ln)
+    assert " -m sweep=loader " in afresh and "hydra.sweeper.n_trials=3" in afresh
+    assert afresh.count("sweep.study_dir=") == 1, "a new study, not the one just written"
     assert (
         f"# Software: torch {importlib.metadata.version('torch')}" in text and "Python 3." in text
     )
@@ -371,8 +378,24 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
     assert loaded.returncode == 0, loaded.stderr
     written = OmegaConf.load(preset)
     assert OmegaConf.create(loaded.stdout).loader.num_workers == written.num_workers
+    # the re-measure line runs the winner's settings again, as one plain run
+    remeasured = subprocess.run(
+        [sys.executable, "train.py", *again, f"hydra.run.dir={project}/again"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert remeasured.returncode == 0, remeasured.stderr[-2000:]
+    ran = json.loads((project / "again" / "metrics.json").read_text())["run"]["loader"]
+    assert ran["num_workers"] == written.num_workers
+    decided = OmegaConf.load(sweep_dir / "final_decision.yaml")
+    assert decided.loader.num_workers == written.num_workers and decided.reason
+    optuna_file = (sweep_dir / "optimization_results.yaml").read_text()
+    assert optuna_file.startswith("# best_params: the best search trial")
     for name in (
         "best_config.yaml",
+        "final_decision.yaml",
         "sweep_report.md",
         "samples_vs_workers.png",
         "trials_over_time.png",

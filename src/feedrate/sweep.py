@@ -302,7 +302,8 @@ def decide(contestants: list[Contestant]) -> Decision:
         )
     if slower:
         reason += "; significantly slower: " + ", ".join(
-            f"{c.label} {c.dropped or versus[c.name].describe()}" for c in slower
+            f"{c.label} ({c.dropped})" if c.dropped else f"{c.label} {versus[c.name].describe()}"
+            for c in slower
         )
     if out:
         reason += "; out for a failed final run: " + ", ".join(c.label for c in out)
@@ -340,7 +341,14 @@ def write_decision(sweep_dir: Path, decision: Decision) -> None:
         "loader": winner.loader(),
         "median_samples_per_sec": winner.median,
         "reason": decision.reason,
-        "versus_fastest": {k: v.as_dict() for k, v in decision.versus_fastest.items()},
+        "versus_fastest": {
+            c.name: {
+                **decision.versus_fastest[c.name].as_dict(),
+                **({"verdict": stats.LOSS, "dropped": c.dropped} if c.dropped else {}),
+            }
+            for c in decision.contestants
+            if c.name in decision.versus_fastest
+        },
     }
     note = (
         "# The sweep's final decision, after re-measuring the finalists and the baselines in"
@@ -619,7 +627,7 @@ class LoaderSweep(Callback):
         )
         base = decision.best_baseline
         name = path.stem
-        final_s = config.sweep.final_seconds
+        afresh = [a for a in _base_args(config) if not a.startswith("sweep.study_dir=")]
         fresh = f"{config.sweep.study_dir}/{datetime.now():%Y-%m-%d_%H-%M-%S}"
         lines = [
             f"python train.py loader={name}",
@@ -644,10 +652,11 @@ class LoaderSweep(Callback):
             f" batch_size={config.loader.batch_size}.",
             f"Hardware: {hardware.Fingerprint(**measured_on['fingerprint']).short()}.",
             f"Software: {environment.short(measured_on)}.",
+            # a final run's own command line, the final window included
             "Re-measure the winner as the sweep did: python train.py "
-            + " ".join([*winner.ok_result().overrides, f"trainer.max_seconds={final_s}"]),
+            + " ".join(winner.ok_result().overrides),
             "Re-run the sweep afresh (a new study): python train.py -m "
-            + " ".join([*_base_args(config), *_hydra_args(config), f"sweep.study_dir={fresh}"]),
+            + " ".join([*afresh, *_hydra_args(config), f"sweep.study_dir={fresh}"]),
             "Plain data: the DataLoader's own arguments on top of loader/default.yaml.",
             *(
                 [
