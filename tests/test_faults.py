@@ -31,6 +31,28 @@ from feedrate.faults import (
 from .conftest import ROOT, run_cli, shrink, unshare_works
 
 
+class Ragged(Dataset):
+    """Samples of two sizes, like photos loaded without a fixed-size transform."""
+
+    classes = ["a", "b"]
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i):
+        side = 8 if i % 3 else 12
+        return torch.zeros(3, side, side, dtype=torch.uint8), i % 2
+
+
+class Unbatchable(Ragged):
+    """Samples that are not tensors (a PIL image without ToTensor)."""
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        return Image.new("RGB", (8, 8)), i % 2
+
+
 class Exploding(Dataset):
     """Sample 5 raises, like a corrupt record."""
 
@@ -454,3 +476,23 @@ def test_cuda_before_fork_is_named_on_a_gpu(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-2000:]
     assert "CUDA was initialised before the DataLoader forked its workers" in out
+
+
+@pytest.mark.parametrize(
+    ("cls", "workers", "expected"),
+    [
+        ("Ragged", 0, "the samples of one batch differ in shape: [3, "),
+        ("Ragged", 2, "the samples of one batch differ in shape: [3, "),
+        ("Unbatchable", 2, "a sample holds a <class 'PIL.Image.Image'>"),
+    ],
+)
+def test_samples_the_collate_cannot_batch_are_named(tmp_path, cls, workers, expected):
+    proc = run_cli(
+        *shrink(["dataset=custom", f"dataset._target_=tests.test_faults.{cls}"]),
+        f"loader.num_workers={workers}",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    assert expected in out and ("collate_fn" in out), out[-2000:]
+    assert "Traceback" not in out

@@ -226,7 +226,6 @@ def test_prefetched_backlog_is_not_reported_as_throughput(compose):
             hw,
             cfg.trainer,
             monitor,
-            time.perf_counter(),
             make_input_transform(hw, 3),
         )
     streamed = summarise(result.times, 0.1, [], monitor, "CPU", 0.0, 0.0, stream=True)

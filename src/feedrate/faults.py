@@ -122,6 +122,40 @@ def _mb(x: float) -> str:
     return f"{x / 2**20:,.0f} MB"
 
 
+_UNEQUAL = re.compile(
+    r"stack expects each tensor to be equal size, but got (\[[^\]]*\]) at entry (\d+)"
+    r" and (\[[^\]]*\]) at entry (\d+)"
+)
+_UNBATCHABLE = re.compile(r"default_collate: batch must contain (.+?); found (<class '[^']+'>|\S+)")
+
+
+def _collate_problem(text: str) -> DatasetError | None:
+    """Samples the default collate cannot stack into one batch, named with what differed."""
+    unequal = _UNEQUAL.search(text)
+    if unequal:
+        first, i, other, j = unequal.groups()
+        return DatasetError(
+            f"the samples of one batch differ in shape: {first} (entry {i} of the batch) and"
+            f" {other} (entry {j}); the DataLoader's default collate stacks a batch into one"
+            " tensor, so every sample must have one shape. Give the dataset a fixed-size"
+            " transform (Resize + CenterCrop, or RandomResizedCrop, to dataset.image_size), or"
+            " a collate_fn that pads the samples; loader.batch_size=1 runs it as it is"
+        )
+    unbatchable = _UNBATCHABLE.search(text)
+    if unbatchable:
+        kinds, found = unbatchable.groups()
+        return unbatchable_sample(found, kinds)
+    return None
+
+
+def unbatchable_sample(found: str, kinds: str = "tensors, numpy arrays, numbers") -> DatasetError:
+    return DatasetError(
+        f"a sample holds a {found}, which the DataLoader's default collate cannot batch (it"
+        f" takes {kinds}): convert it in the dataset (for an image, torchvision's"
+        " transforms.v2.PILToTensor or ToImage), or give the loader a collate_fn for it"
+    )
+
+
 def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
     """A named cause and fix for a failure raised out of the training loop, or None.
 
@@ -139,6 +173,9 @@ def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
         lines = [ln for ln in str(exc).splitlines() if "could not be loaded" in ln]
         message = lines[-1].split("SampleError: ", 1)[-1] if lines else str(exc)
         return SampleError(message)
+    named = _collate_problem(text)
+    if named is not None:
+        return named
     if re.search(r"DataLoader worker \(pid.*\) is killed by signal: Killed", text):
         vm = psutil.virtual_memory()
         return LoaderFailure(

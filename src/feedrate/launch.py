@@ -14,7 +14,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 import traceback
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +40,7 @@ from feedrate.faults import (
     RunSplit,
     check_shm,
     diagnose,
+    unbatchable_sample,
 )
 from feedrate.files import atomic_write_text
 from feedrate.loader import build_loader, loader_kwargs, skipped_samples
@@ -170,6 +170,8 @@ def _run(
     on_error = cfg.dataset.get("on_error", "raise")
     train_set = GuardedDataset(train_set, on_error)
     sample, _ = GuardedDataset(dataset, "raise")[0]
+    if not isinstance(sample, torch.Tensor):  # the model and the loader's sizing need one
+        raise unbatchable_sample(repr(type(sample)))
     model = build_model(cfg.model, n_classes).to(hw.device)
     if hw.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -245,7 +247,6 @@ def _run(
         # Ctrl-C under torchrun reaches every rank at its own step: no clean stop there.
         contextlib.nullcontext() if ranks.enabled else _interrupts_set(checkpoints.interrupt),
     ):
-        created = time.perf_counter()
         normalise = make_input_transform(hw, sample.shape[0])
         try:
             result = train(
@@ -255,7 +256,6 @@ def _run(
                 hw,
                 cfg.trainer,
                 monitor,
-                created,
                 normalise,
                 resume,
                 checkpoints,

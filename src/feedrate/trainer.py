@@ -140,7 +140,6 @@ def train(
     hw: Hardware,
     cfg: DictConfig,
     monitor: ResourceMonitor,
-    loader_created_at: float,
     normalise: Callable[..., torch.Tensor],
     resume: Position | None = None,
     checkpoints: Checkpoints | None = None,
@@ -235,7 +234,8 @@ def train(
         warm_end = start
         window_start = begin_measuring()
     while not done:
-        t_iter = loader_created_at if first_epoch else time.perf_counter()
+        # first_batch_s (and each epoch_restart_s) runs from iter(loader), where workers start
+        t_iter = time.perf_counter()
         batches_this_epoch = epoch_samples = 0
         # The shuffle's source (feedrate.loader.ResumableSampler); a loader built elsewhere may
         # have none, and then no position to resume from.
