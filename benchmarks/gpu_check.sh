@@ -6,15 +6,20 @@
 # 1. the driver and the environment: nvidia-smi, and environment.json of a short run;
 # 2. the GPU tests: pytest -m gpu (the gpu profile trains with bf16, channels_last and pinned
 #    memory; CUDA touched before fork is named);
-# 3. the loader benchmark on hardware=h200, photos at 224 px, ResNet-50 in bf16: a loader sweep
-#    from scratch that writes conf/loader/$PRESET.yaml, then PyTorch's default, the recipe, a
-#    CPU-capped tuner's pick, the tuned preset and a num_workers grid measured alternately, and
-#    the loader-only and compute-only ceilings. Targets: tuned >= 1.3x recipe, tuned >= 0.9 of
-#    the ceiling, data wait <= 5% when compute-bound.
+# 3. the loader benchmark on hardware=h200, photos at 224 px, ResNet-50 in bf16, by the same
+#    rules as on the CPU (make bench): a loader sweep from scratch (ceilings first, 5 final
+#    rounds) that writes conf/loader/$PRESET.yaml; then PyTorch's default, the recipe, a
+#    CPU-capped tuner's pick, the tuned preset and a 16-worker point in 5 alternating rounds,
+#    identical settings as one row, every ratio with its 95% interval (a tie when it includes
+#    1.0); the ceiling that applies with the model on the GPU, min(loader-only, compute-only);
+#    the sweep's finalists against a steady-state run; memory reads on against off.
+#    Targets: tuned >= 1.3x recipe, tuned >= 0.9 of the ceiling, data wait <= 5% when
+#    compute-bound.
 # Everything lands in $OUT (default benchmarks/results/<date>_<time>_gpu/: a fresh study each
-# time), ready to commit with the preset. Each stage has its own time limit (90 + 90 + 390 s),
+# time), ready to commit with the preset. Each stage has its own time limit (60 + 90 + 450 s),
 # so one that hangs cannot eat the whole budget, and every figure is appended to runs.jsonl
-# as it is measured.
+# as it is measured: `python benchmarks/loader_bench.py --summarise $OUT` rebuilds the tables
+# of a stage cut short.
 #
 # FEEDRATE_GPU_CHECK=smoke runs the same stages shrunk to a CPU and a few minutes (the test
 # suite does, so the script is known to work before a GPU is at hand).
@@ -29,15 +34,17 @@ if [[ "${FEEDRATE_GPU_CHECK:-}" == smoke ]]; then
            trainer.window_steps=2)
     SWEEP_EXTRA=(hydra.sweeper.n_trials=2 sweep.finalists=1 sweep.final_rounds=1
                  sweep.final_seconds=0.5 sweep.max_workers=2)
-    BENCH=(--repeats 1 --seconds 0.5 --grid 0 2)
+    BENCH=(--repeats 1 --seconds 0.5 --grid 0 2 --prefetch 2 --grid-seconds 0.5
+           --steady-seconds 1)
     PRESET=${PRESET:-gpu_check_smoke}
     LIMIT=600
 else
     EXTRA=(model=resnet50 hardware=h200)
-    SWEEP_EXTRA=(hydra.sweeper.n_trials=5 sweep.final_rounds=1 sweep.final_seconds=3)
-    BENCH=(--repeats 2 --seconds 3 --grid 0 8 16)
+    SWEEP_EXTRA=(hydra.sweeper.n_trials=4 sweep.finalists=1 sweep.final_seconds=2)
+    BENCH=(--repeats 5 --seconds 2 --grid 16 --prefetch 2 4 --grid-seconds 4
+           --steady-seconds 8)
     PRESET=${PRESET:-h200_16core}
-    LIMIT=390
+    LIMIT=450
 fi
 
 stage() { echo; echo "== $* ($(date +%H:%M:%S))"; }
@@ -48,7 +55,7 @@ if command -v nvidia-smi >/dev/null; then nvidia-smi | tee "$OUT/nvidia-smi.txt"
     echo "feedrate is not importable: pip install -e . (with its dependencies) first" >&2
     exit 2
 }
-timeout 90 "$PY" train.py "${EXTRA[@]}" trainer.max_steps=5 trainer.warmup_steps=1 \
+timeout 60 "$PY" train.py "${EXTRA[@]}" trainer.max_steps=5 trainer.warmup_steps=1 \
     trainer.progress=false trainer.save_checkpoint=false hydra.run.dir="$OUT/env_run" \
     > "$OUT/env_run.log" 2>&1 || { tail -20 "$OUT/env_run.log"; exit 1; }
 cp "$OUT/env_run/environment.json" "$OUT/environment.json"

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from feedrate import stats
+from feedrate import ceiling, stats
 from feedrate.environment import git_commit
 from feedrate.hardware import detect, usable_cores
 from feedrate.sweep import resolved_settings
@@ -57,13 +57,23 @@ WORKLOADS = {
     "synthetic_loader": [*SYNTHETIC, "model=pooled_linear", "trainer.measure=loader"],
     # The same data end to end, the training step on the CPU the workers use.
     "synthetic": [*SYNTHETIC, "model=pooled_linear"],
+    # An I/O-bound dataset the sweep was never tuned on: a user's own Dataset class sleeping
+    # 25 ms a sample (slow storage), uint8 images, and a small CNN that trains.
+    "unseen": [
+        "dataset=custom",
+        "dataset._target_=examples.sleepy.SleepyDataset",
+        "+dataset.sleep_ms=25",
+        "+dataset.length=20000",
+        "model=tiny_cnn",
+    ],
     # Real JPEGs read, decoded and augmented from disk.
     "photos": ["dataset=photos", "model=pooled_linear"],
     # Photos at 224 px for a model that trains (benchmarks/gpu_check.sh adds model=resnet50
     # hardware=h200 through --extra: ResNet-50 in bf16).
     "gpu": ["dataset=photos", "dataset.image_size=224"],
 }
-GRID = (0, 1, 2, 4, 8, 16, 32, 48)
+GRID = (0, 2, 4, 8, 16, 32, 64)  # num_workers of the grid
+PREFETCH = (2, 4, 8)  # prefetch_factor of the grid (every worker count above 0)
 # The sweep's own measurement: streaming (no epoch ends), so every configuration is judged on
 # sustained throughput, min(consumed, produced), after the steady-state warm-up.
 MEASURE = [
@@ -77,13 +87,27 @@ MEASURE = [
 # Rows that are not contestants: the ceilings, and the tuned preset with memory reads off.
 CEILING = "ceiling_"
 MEMORY_OFF = "tuned_memory_off"
+NO_MEMORY_READS = "trainer.memory_sample_s=null"
+BEST_GRID = "best_grid"  # the grid's best point, measured in the rounds beside the others
 
 
 def preset_name(workload: str, args: argparse.Namespace) -> str:
     return args.preset_name or f"bench_{workload}"
 
 
-def contestants(workload: str, preset: str, cores: int, grid=GRID) -> dict[str, list[str]]:
+def grid_points(workers=GRID, prefetch=PREFETCH) -> dict[str, list[str]]:
+    """The plain grid: ``grid_0`` (no workers), ``grid_16x4`` (16 workers, prefetch 4), ..."""
+    out = {}
+    for n in workers:
+        for p in prefetch if n else [None]:
+            name = f"grid_{n}" if p is None else f"grid_{n}x{p}"
+            out[name] = ["loader=default", f"loader.num_workers={n}"]
+            if p is not None:
+                out[name].append(f"loader.prefetch_factor={p}")
+    return out
+
+
+def contestants(preset: str, cores: int) -> dict[str, list[str]]:
     """Name -> overrides, in the order that names a merged row (``tuned = cpu_capped``)."""
     out = {
         "tuned": [f"loader={preset}"],
@@ -95,8 +119,6 @@ def contestants(workload: str, preset: str, cores: int, grid=GRID) -> dict[str, 
             "loader.persistent_workers=true",
         ],
     }
-    for n in grid:
-        out[f"grid_{n}"] = ["loader=default", f"loader.num_workers={n}"]
     return out
 
 
@@ -137,26 +159,35 @@ def is_loader_only(workload: str, extra: list[str]) -> bool:
 
 
 def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) -> dict:
-    base = [*WORKLOADS[workload], *MEASURE, f"trainer.max_seconds={args.seconds}", *args.extra]
-    runs = dict(contestants(workload, preset_name(workload, args), cores, args.grid))
+    base = [*WORKLOADS[workload], *MEASURE, *args.extra]
+    runs = contestants(preset_name(workload, args), cores)
+    grid = grid_points(args.grid, args.prefetch)
     script = ROOT / "train.py"
     rows: list[dict] = []
     loader_only = is_loader_only(workload, args.extra)
 
-    def measure(round_: int, name: str, overrides: list[str], label: str = "") -> dict:
-        res = run_trial(script, [*base, *overrides], out / workload / f"r{round_}_{name}", 300)
-        row = _record(out, workload, round_, name, res)
-        rows.append(row)
+    def measure(round_: int, name: str, overrides: list[str], seconds: float = args.seconds):
+        res = run_trial(
+            script,
+            [*base, f"trainer.max_seconds={seconds}", *overrides],
+            out / workload / f"r{round_}_{name}",
+            300,
+        )
+        rows.append(_record(out, workload, round_, name, res))
         shown = f"{res.value:,.1f}" if res.ok else f"FAILED {res.reason}"
-        print(f"[{workload}] round {round_ + 1}/{args.repeats} {label or name:>22}: {shown}")
-        return row
+        print(f"[{workload}] round {round_ + 1}/{args.repeats} {name:>22}: {shown}", flush=True)
 
+    # The plain grid, each point once in a long steady-state window; its best point then
+    # runs in the rounds beside the others
+    for name, overrides in grid.items():
+        measure(0, name, overrides, args.grid_seconds)
+    measured = [r for r in rows if r["status"] == "ok"]
+    if measured:
+        best = max(measured, key=lambda r: r["samples_per_sec"])["name"]
+        runs[BEST_GRID] = grid[best]
+        print(f"[{workload}] best of the grid: {best}", flush=True)
     # Reading memory must not cost the measurement: the tuned preset with it off, beside it
-    runs = {
-        "tuned": runs["tuned"],
-        MEMORY_OFF: [*runs["tuned"], "trainer.memory_sample_s=null"],
-        **runs,
-    }
+    runs = {"tuned": runs["tuned"], MEMORY_OFF: [*runs["tuned"], NO_MEMORY_READS], **runs}
     # Round 1: everyone; then one row per resolved configuration.
     for name, overrides in runs.items():
         measure(0, name, overrides)
@@ -168,7 +199,7 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
         for name in live if r % 2 == 0 else live[::-1]:
             measure(r, name, runs[name])
     if not loader_only:
-        measure_ceilings(rows, runs, measure, args)
+        measure_ceilings(rows, {**grid, **runs}, measure, args)
 
     res = compare(rows)
     if res is None:
@@ -181,9 +212,16 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
 
 
 def measure_ceilings(rows: list[dict], runs: dict, measure, args: argparse.Namespace) -> None:
-    """Loader-only at its best (each grid point and the tuned preset once, then the best of
-    them every round) and compute-only, alternating; each alone with all the cores."""
-    for name in ["tuned", *(f"grid_{n}" for n in args.grid)]:
+    """Loader-only at its best (the tuned preset and the grid's worker counts at their best
+    prefetch once, then the best of them every round) and compute-only, alternating; each
+    alone with all the cores."""
+    per_workers: dict[int, dict] = {}
+    for r in rows:
+        if r["name"].startswith("grid_") and r["status"] == "ok" and r.get("settings"):
+            n = r["settings"]["num_workers"]
+            if n and r["samples_per_sec"] > per_workers.get(n, {}).get("samples_per_sec", 0):
+                per_workers[n] = r
+    for name in ["tuned", *(r["name"] for r in per_workers.values())]:
         measure(0, f"{CEILING}loader_{name}", [*runs[name], "trainer.measure=loader"])
     firsts = [r for r in rows if r["name"].startswith(f"{CEILING}loader_") and r["status"] == "ok"]
     best = max(firsts, key=lambda r: r["samples_per_sec"])["name"] if firsts else None
@@ -197,14 +235,13 @@ def measure_ceilings(rows: list[dict], runs: dict, measure, args: argparse.Names
 
 
 def merge_rows(rows: list[dict]) -> dict[str, str]:
-    """Name -> the earlier contestant it resolved to the same settings as."""
+    """Name -> the earlier contestant it resolved to the same settings as (the grid, the
+    ceilings and the memory check are not contestants)."""
     alias: dict[str, str] = {}
     seen: list[tuple[dict, str]] = []
     for r in rows:
         key = r.get("settings")
-        if r["status"] != "ok" or key is None or r["name"].startswith(CEILING):
-            continue
-        if r["name"] == MEMORY_OFF:
+        if r["status"] != "ok" or key is None or not _is_contestant(r["name"]):
             continue
         twin = next((n for k, n in seen if k == key), None)
         if twin is None:
@@ -214,31 +251,18 @@ def merge_rows(rows: list[dict]) -> dict[str, str]:
     return alias
 
 
-def applicable_ceiling(rows: list[dict]) -> tuple[str, str]:
-    """(kind, why): ``loader`` when no model ran, ``gpu`` when the model ran on a GPU (its
-    compute does not use the host's cores), ``shared`` when it ran on the CPU the loader uses."""
-    ok = [r for r in rows if r["status"] == "ok" and not r["name"].startswith(CEILING)]
+def _is_contestant(name: str) -> bool:
+    return not name.startswith((CEILING, "grid_")) and name != MEMORY_OFF
+
+
+def applicable_ceiling(rows: list[dict]) -> str:
+    """``loader`` when no model ran, ``gpu`` when the model ran on a GPU (its compute does not
+    use the host's cores), ``shared`` when it ran on the CPU the loader uses."""
+    ok = [r for r in rows if r["status"] == "ok" and _is_contestant(r["name"])]
     if any(r.get("measure") == "loader" for r in ok):
-        return "loader", "no model runs (trainer.measure=loader): the loader alone is the limit"
-    if any(str(r.get("device", "")).startswith("cuda") for r in ok):
-        return "gpu", (
-            "the model runs on the GPU, so the loader and the model do not share cores:"
-            " min(loader-only, compute-only)"
-        )
-    return "shared", (
-        "the model runs on the CPU the workers use, so the two share the cores: the shared-core"
-        " rate 1/(1/loader-only + 1/compute-only), each measured alone with all cores"
-    )
-
-
-def _ceiling_values(kind: str, loader: list[float], compute: list[float]) -> list[float]:
-    """The ceiling per round (pairs of loader-only and compute-only runs, in order)."""
-    if kind == "loader" or not compute:
-        return list(loader)
-    pairs = list(zip(loader, compute, strict=False))
-    if kind == "gpu":
-        return [min(a, b) for a, b in pairs]
-    return [1 / (1 / a + 1 / b) for a, b in pairs]
+        return ceiling.LOADER
+    devices = [str(r.get("device") or "cpu") for r in ok]
+    return ceiling.kind_of(next((d for d in devices if d.startswith("cuda")), "cpu"), "train")
 
 
 def compare(rows: list[dict]) -> dict | None:
@@ -250,26 +274,26 @@ def compare(rows: list[dict]) -> dict | None:
     waits: dict[str, list[float]] = {}
     verdicts: list[str] = []  # the tuned runs' own: input-bound or compute-bound
     failures: dict[str, list[str]] = {}
+    settings: dict[str, dict] = {}
     for r in rows:
         name = alias.get(r["name"], r["name"])
         if r["status"] != "ok":
             failures.setdefault(name, []).append(r["reason"])
             continue
         values.setdefault(name, []).append(r["samples_per_sec"])
+        settings.setdefault(name, r.get("settings") or {})
         if r.get("data_wait_frac") is not None:
             waits.setdefault(name, []).append(r["data_wait_frac"])
         if name == "tuned" and r.get("bound"):
             verdicts.append(r["bound"])
     med = {k: statistics.median(v) for k, v in values.items()}
-    # a grid point with the tuned preset's settings is in the grid all the same
-    grid = [k for k in med if k.startswith("grid_")]
-    grid += [n for n, twin in alias.items() if n.startswith("grid_") and twin in med]
+    grid = {k: med[k] for k in med if k.startswith("grid_")}
     if "tuned" not in med or not grid:
         return None
-    kind, why = applicable_ceiling(rows)
-    contestants = [k for k in values if not k.startswith(CEILING) and k != MEMORY_OFF]
-    best_grid = max(grid, key=lambda g: med[alias.get(g, g)])
-    if kind == "loader":  # every contestant is a loader-only figure: the best of them
+    kind = applicable_ceiling(rows)
+    contestants = [k for k in values if _is_contestant(k)]
+    best_point = max(grid, key=grid.get)
+    if kind == ceiling.LOADER:  # every contestant is a loader-only figure: the best of them
         best_loader = max(contestants, key=med.get)
         loader_values = values[best_loader]
     else:
@@ -277,11 +301,10 @@ def compare(rows: list[dict]) -> dict | None:
         best_loader = max(loaders, key=lambda k: (len(values[k]), med[k])) if loaders else None
         loader_values = values[best_loader] if best_loader else []
     compute_values = values.get(f"{CEILING}compute", [])
-    ceiling_values = (
-        _ceiling_values(kind, loader_values, compute_values)
-        if loader_values and (compute_values or kind == "loader")
-        else []
-    )
+    ceiling_values = []  # per round: loader-only and compute-only runs paired in order
+    if loader_values and (compute_values or kind == ceiling.LOADER):
+        pairs = zip(loader_values, compute_values or [None] * len(loader_values), strict=False)
+        ceiling_values = [ceiling.combine(kind, a, b) for a, b in pairs]
 
     def spread(v: list[float]) -> float:
         return (max(v) - min(v)) / statistics.median(v) if len(v) > 1 else 0.0
@@ -294,12 +317,14 @@ def compare(rows: list[dict]) -> dict | None:
         c = stats.compare(values["tuned"], theirs)
         return c.as_dict() | {"shown": c.describe()} if c is not None else None
 
-    same_as_tuned = [n for n, twin in alias.items() if twin == "tuned"]
     ratios = {
         "tuned/default": versus("default"),
         "tuned/recipe": versus("recipe"),
         "tuned/cpu_capped": versus("cpu_capped"),
-        "tuned/best_grid": versus(best_grid),
+        "tuned/best_grid": versus(BEST_GRID)
+        if BEST_GRID in values or BEST_GRID in alias
+        # a benchmark cut short before its rounds: the grid's own long-window figure
+        else versus(None, values[best_point]),
         "tuned/ceiling": versus(None, ceiling_values) if ceiling_values else None,
     }
     memory = stats.compare(values.get(MEMORY_OFF, []), values["tuned"])
@@ -307,15 +332,16 @@ def compare(rows: list[dict]) -> dict | None:
     return {
         "values": {k: values[alias.get(k, k)] for k in contestants},
         "aliases": alias,
-        "same_as_tuned": same_as_tuned,
         "failures": failures,
         "median": {k: med[alias.get(k, k)] for k in contestants},
+        "settings": {k: settings.get(alias.get(k, k)) for k in contestants},
         "data_wait": {k: statistics.median(v) for k, v in waits.items()},
         "spread": {k: spread(values[alias.get(k, k)]) for k in contestants},
-        "best_grid": best_grid,
+        "grid": grid,
+        "best_grid": best_point,
         "bound": max(set(verdicts), key=verdicts.count) if verdicts else None,  # the majority
         "ceiling_kind": kind,
-        "ceiling_why": why,
+        "ceiling_why": ceiling.WHY[kind],
         "ceilings": {k: v for k, v in values.items() if k.startswith(CEILING)},
         "best_loader_only": best_loader,
         "loader_only": statistics.median(loader_values) if loader_values else None,
@@ -340,8 +366,10 @@ def _passes(target, ratio: dict) -> bool:
 def show(workload: str, res: dict) -> list[tuple[str, float, object, bool]]:
     """Print one workload's medians and ratios against its targets; the checks made."""
     print(f"\n{workload}:")
-    names = ["tuned", "default", "recipe", "cpu_capped"]
-    names += sorted((k for k in res["median"] if k.startswith("grid_")), key=lambda g: int(g[5:]))
+    grid = "  ".join(f"{k[5:]} {v:,.0f}" for k, v in res["grid"].items())
+    print(f"  grid (workers x prefetch, one long window each): {grid}")
+    print(f"  best of the grid: {res['best_grid']}, in the rounds as {BEST_GRID}")
+    names = ["tuned", "default", "recipe", "cpu_capped", BEST_GRID]
     for name in names:
         if name in res["median"] and name not in res["aliases"]:
             print(
@@ -360,7 +388,7 @@ def show(workload: str, res: dict) -> list[tuple[str, float, object, bool]]:
     checks = []
     for key, ratio in res["ratios"].items():
         target = TARGETS.get(workload, {}).get(key)
-        shown = key.replace("best_grid", res["best_grid"])
+        shown = key
         goal = "" if target is None else f" (target {_target_text(target)})"
         if ratio is None:  # a figure it needs failed: no verdict either way
             print(f"  {shown:>18} = n/a{goal}{' NOT MEASURED' if goal else ''}")
@@ -478,9 +506,11 @@ def measure_fidelity(workload: str, out: Path, args: argparse.Namespace) -> list
     rows = []
     for n in [*(f for f in finalists if f in trials), *others]:
         t = trials[n]
+        # the trial's own command, minus the sweep's early stop, with a long window
+        same = [o for o in t.overrides if not o.startswith("trainer.abandon_below=")]
         steady = run_trial(
             script,
-            [*t.overrides, f"trainer.max_seconds={args.steady_seconds}"],
+            [*same, f"trainer.max_seconds={args.steady_seconds}"],
             out / "fidelity" / workload / f"trial_{n}",
             300,
         )
@@ -539,7 +569,7 @@ def tables(results: dict, sweep_seconds: dict, fidelity: dict) -> str:
         m = res["median"]
         lines.append(
             f"| {w} | {num(m.get('default'))} | {num(m.get('recipe'))} |"
-            f" {num(m.get('cpu_capped'))} | {num(m[res['best_grid']])} ({res['best_grid']}) |"
+            f" {num(m.get('cpu_capped'))} | {num(m.get(BEST_GRID))} ({res['best_grid']}) |"
             f" **{num(m['tuned'])}** ({_label(res, 'tuned')}) | {num(res['loader_only'])} |"
             f" {num(res['compute_only'])} | {num(res['ceiling'])} ({res['ceiling_kind']}) |"
             f" {sweep_seconds.get(w, 0):.0f} s |"
@@ -556,9 +586,7 @@ def tables(results: dict, sweep_seconds: dict, fidelity: dict) -> str:
             if target is not None and ratio is not None:
                 goal = f"{_target_text(target)} {'PASS' if _passes(target, ratio) else 'MISS'}"
             shown = (ratio.get("shown") or ratio["verdict"]) if ratio else "not measured"
-            lines.append(
-                f"| {w} | {key.replace('best_grid', res['best_grid'])} | {shown} | {goal} |"
-            )
+            lines.append(f"| {w} | {key} | {shown} | {goal} |")
         if res.get("memory_off/on"):
             lines.append(f"| {w} | memory reads off / on | {res['memory_off/on']['shown']} | tie |")
     if any(fidelity.values()):
@@ -586,7 +614,7 @@ def plot(results: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 4.8), squeeze=False)
     for ax, (workload, res) in zip(axes[0], results.items(), strict=True):
-        order = ["default", "recipe", "cpu_capped", res["best_grid"], "tuned"]
+        order = ["default", "recipe", "cpu_capped", BEST_GRID, "tuned"]
         names = [n for n in dict.fromkeys(order) if n in res["median"]]
         names = [n for n in names if n not in res["aliases"]]
         meds = [res["median"][n] for n in names]
@@ -647,7 +675,7 @@ def main() -> int:
     parser.add_argument(
         "--workloads",
         nargs="+",
-        default=["synthetic_loader", "synthetic", "photos"],  # gpu_check.sh runs "gpu"
+        default=["synthetic_loader", "photos", "unseen", "synthetic"],  # gpu_check.sh: "gpu"
         choices=WORKLOADS,
     )
     parser.add_argument("--repeats", type=int, default=stats.MIN_ROUNDS, help="rounds")
@@ -662,6 +690,12 @@ def main() -> int:
     parser.add_argument("--skip-sweep", action="store_true", help="reuse conf/loader/bench_*")
     parser.add_argument(
         "--grid", nargs="+", type=int, default=list(GRID), help="num_workers of the grid"
+    )
+    parser.add_argument(
+        "--prefetch", nargs="+", type=int, default=list(PREFETCH), help="prefetch of the grid"
+    )
+    parser.add_argument(
+        "--grid-seconds", type=float, default=10.0, help="window of each grid point (once)"
     )
     parser.add_argument(
         "--extra", nargs="*", default=[], help="overrides for every run, the sweep's included"
@@ -720,7 +754,8 @@ def main() -> int:
         "machine": fp.as_dict(),
         "cwd_git": git_commit(),
         "repeats": args.repeats,
-        "grid": args.grid,
+        "grid": {"num_workers": args.grid, "prefetch_factor": args.prefetch},
+        "grid_seconds": args.grid_seconds,
         "extra": args.extra,
         "seconds_per_run": args.seconds,
         "steady_seconds": args.steady_seconds,

@@ -68,22 +68,27 @@ def test_a_benchmark_cut_short_is_summarised_with_intervals_and_the_shared_core_
     rows = []
     two = {"num_workers": 2, "prefetch_factor": 2, "batch_size": 64}
     for name, values in {
+        "grid_0": [92],
+        "grid_16x2": [1275],
+        "grid_16x4": [1310],
         "tuned": [1300, 1310, 1290, 1305, 1295],
         "default": [90, 94, 92, 91, 93],
         "recipe": [350, 352, 349, 351, 353],
-        "grid_0": [92, 93, 91, 92, 90],
-        "grid_16": [1270, 1330, 1280, 1320, 1300],
-        "ceiling_loader_grid_48": [2370, 2380, 2360, 2375, 2365],
+        "best_grid": [1270, 1330, 1280, 1320, 1300],
+        "ceiling_loader_grid_48x2": [2370, 2380, 2360, 2375, 2365],
         "ceiling_loader_tuned": [1350],
         "ceiling_compute": [2600, 2620, 2610, 2590, 2605],
     }.items():
         rows += [_row("synthetic", name, r, v) for r, v in enumerate(values)]
     # the CPU-capped pick ran the tuned preset's settings: one row, not a comparison
-    rows[0]["settings"] = two
+    tuned_row = next(r for r in rows if r["name"] == "tuned")
+    tuned_row["settings"] = two
     rows.append(_row("synthetic", "cpu_capped", 0, 1280, settings=two))
-    rows.append(_row("synthetic", "grid_0", 5, None))
+    # a grid point with the same settings is a grid point, not a contestant to merge
+    rows.append(_row("synthetic", "grid_2x2", 0, 200, settings=two))
+    rows.append(_row("synthetic", "recipe", 5, None))
     # A second workload cut short before its ceilings: compared without them, no verdict there
-    for name, value in {"recipe": 400.0, "tuned": 500.0, "grid_2": 480.0}.items():
+    for name, value in {"recipe": 400.0, "tuned": 500.0, "grid_2x2": 480.0}.items():
         rows.append(_row("photos", name, 0, value))
     rows.append(_row("photos", "ceiling_compute", 0, None))
     (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -99,7 +104,7 @@ def test_a_benchmark_cut_short_is_summarised_with_intervals_and_the_shared_core_
     assert summary["aliases"] == {"cpu_capped": "tuned"}
     assert summary["ratios"]["tuned/cpu_capped"]["verdict"] == "same settings"
     assert "tuned = cpu_capped" in proc.stdout
-    assert summary["best_grid"] == "grid_16"
+    assert summary["best_grid"] == "grid_16x4" and summary["grid"]["grid_2x2"] == 200
     assert summary["ceiling_kind"] == "shared"
     assert summary["ceiling"] == pytest.approx(1 / (1 / 2370 + 1 / 2605), rel=0.01)
     recipe = summary["ratios"]["tuned/recipe"]

@@ -22,7 +22,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from feedrate import stats
+import feedrate
+from feedrate import ceiling, stats
 from feedrate.errors import ConfigError
 from feedrate.feasibility import FeasibilityGuard, Footprint, predict
 from feedrate.preset import MARKER, check_writable, preset_path, render
@@ -294,7 +295,17 @@ TINY_SWEEP = [
     "sweep.max_workers=4",
     "sweep.finalists=1",
     "hydra.launcher.timeout_s=90",
+    "sweep.measure_ceilings=false",  # every trial runs: the stop near the ceiling has its test
 ]
+
+
+# Small images that wait 4 ms each on "storage": workers pay off, as on real data
+SLEEPY_SYNTHETIC = (
+    "dataset=synthetic",
+    "dataset.n_samples=2000",
+    "dataset.image_size=32",
+    "dataset.io_latency_ms=4",
+)
 
 
 @pytest.fixture
@@ -347,10 +358,7 @@ def _our_processes(project: Path) -> list[psutil.Process]:
 def test_tiny_sweep_writes_a_preset_that_composes_back(project):
     proc = _sweep(
         project,
-        "dataset=synthetic",
-        "dataset.n_samples=2000",
-        "dataset.image_size=32",
-        "dataset.io_latency_ms=4",
+        *SLEEPY_SYNTHETIC,
         rounds=5,  # enough to show a winner: fewer claim nothing, and the cheapest wins
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -409,6 +417,32 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
     assert "trial #" in proc.stdout and "best so far" in proc.stdout  # a line per trial
     assert list((project / "outputs" / "sweeps").glob("loader-tiny-*.db"))
     assert _our_processes(project) == [], "a trial process outlived the sweep"
+
+
+@pytest.mark.slow
+def test_a_sweep_that_reaches_the_ceiling_stops_and_says_where_the_gap_is(project):
+    proc = _sweep(
+        project,
+        *SLEEPY_SYNTHETIC,
+        "sweep.measure_ceilings=true",
+        "sweep.stop_within=0.99",  # any trial reaching 1% of the ceiling is close enough
+        name="near",
+        n_trials=4,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "ceiling: " in out and "shared-core rate" in out, "measured and named first"
+    assert "trial 0 reaches" in out and "of what this machine allows" in out
+    assert "stopping the search" in out
+    sweep_dir = project / "multirun" / "0"
+    assert [r["phase"] for r in _rows(sweep_dir)].count("search") == 1, "3 trials not spent"
+    limit = json.loads((sweep_dir / "ceilings.json").read_text())
+    assert limit["kind"] == "shared" and limit["loader_only"] > 0 and limit["compute_only"] > 0
+    report = (sweep_dir / "sweep_report.md").read_text()
+    assert "## Where the gap is" in report and "of each sample's time" in report
+    assert (sweep_dir / "gap.png").stat().st_size > 0
+    assert (sweep_dir / "optimization_results.yaml").exists()
+    assert (project / "conf" / "loader" / "near.yaml").exists()
 
 
 @pytest.mark.slow
@@ -715,3 +749,47 @@ def test_a_dataset_spawn_cannot_pickle_drops_spawn_from_the_search(compose, capl
         "sweep=loader", "sweep.start_methods=[fork,spawn]", "sweep.preset_name=fine"
     )
     assert start_methods(picklable) == ["fork", "spawn"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The ceiling, and where the gap is
+
+
+def test_the_ceiling_that_applies_depends_on_where_the_model_runs():
+    assert ceiling.kind_of("cuda:0", "train") == ceiling.GPU
+    assert ceiling.kind_of("cpu", "train") == ceiling.SHARED
+    assert ceiling.kind_of("cuda:0", "loader") == ceiling.LOADER
+    gpu = ceiling.Ceiling(ceiling.GPU, 2373.0, 2609.0)
+    shared = ceiling.Ceiling(ceiling.SHARED, 2373.0, 2609.0)
+    assert gpu.value == 2373.0, "min(loader-only, compute-only)"
+    assert shared.value == pytest.approx(1243, abs=1), "the cores are shared: 1/(1/L + 1/C)"
+    assert "shared-core rate" in shared.describe() and "1,243 samples/s" in shared.describe()
+
+
+def test_the_gap_names_the_side_where_the_time_goes():
+    shared = ceiling.Ceiling(ceiling.SHARED, 742.0, 2393.0)
+    words, shares = ceiling.gap(515.0, shared)
+    assert shares["loader"] == pytest.approx(515 / 742) and shares["model"] > 0
+    assert "the loader is where the time goes" in words and "0.91 of the ceiling" in words
+    assert shares["sharing"] == pytest.approx(1 - 515 / 742 - 515 / 2393)
+    # faster than the additive model: the overlap is named, not hidden
+    words, shares = ceiling.gap(1304.0, ceiling.Ceiling(ceiling.SHARED, 2373.0, 2609.0))
+    assert shares["sharing"] < 0 and "overlap" in words
+    words, _ = ceiling.gap(900.0, ceiling.Ceiling(ceiling.GPU, 1000.0, 3000.0))
+    assert "the loader sets the pace" in words and "10% is lost" in words
+
+
+def test_a_trial_clearly_below_the_best_stops_measuring_early(compose, tmp_path):
+    m = feedrate.run(
+        compose(
+            "trainer.stream=true",
+            "trainer.max_steps=100000",
+            "trainer.max_seconds=30",
+            "trainer.abandon_below=1e9",
+            "loader.num_workers=1",
+        ),
+        output_dir=tmp_path,
+    )
+    assert m["abandoned"].startswith("ended early after 1."), m["abandoned"]
+    assert "below trainer.abandon_below=1,000,000,000.0" in m["abandoned"]
+    assert m["measured_seconds"] < 5, "not the 30 s asked for"

@@ -189,6 +189,9 @@ class TrainerConfig:
     # the measured window; inside it only when the machine's free memory says the tree grew.
     # null: read only before and after the window, and no memory guard.
     memory_sample_s: float | None = 2.0
+    # Stop measuring once the running samples/s is below this (after 1 s and two windows): the
+    # loader sweep sets it to half its best trial, so a clearly worse trial costs little.
+    abandon_below: float | None = None
     # Stream samples without epoch ends (a sampler that reshuffles forever): the steady state
     # the sweep compares. samples/s is then the lower of consumed and produced.
     stream: bool = False
@@ -209,6 +212,12 @@ class SweepConfig:
     finalists: int = 2  # best candidates re-measured against the baselines
     final_rounds: int = 5  # alternating re-measurements of each finalist and baseline
     final_seconds: float = 3.0  # measured window of each final run, after its warm-up
+    # Before searching, loader-only and compute-only are measured; the search stops when a
+    # trial reaches (1 - stop_within) of the ceiling they make. false: search every trial.
+    measure_ceilings: bool = True
+    stop_within: float = 0.03
+    # A trial stops measuring once clearly worse: below this share of the best trial so far.
+    abandon_below: float = 0.5
     write_preset: bool = True
 
 

@@ -305,6 +305,7 @@ def _run(
         log.warning("%d samples failed to load and were skipped <cfg.dataset.on_error>", skipped)
     metrics["steps"] = result.steps
     metrics["warmup"] = result.warmup
+    metrics["abandoned"] = result.abandoned or None
     metrics["epochs_started"] = result.epochs_started
     metrics["run"] = {
         "fingerprint": fingerprint.as_dict(),

@@ -71,7 +71,7 @@ def _row(phase: str, name: str, r: TrialResult) -> dict:
         "peak_pss_mb": m.get("peak_pss_mb"),
         "peak_shm_mb": m.get("peak_shm_mb"),
         "duration_s": round(r.duration_s, 2),
-        "reason": r.reason,
+        "reason": r.reason or m.get("abandoned") or "",
     }
 
 
@@ -115,7 +115,9 @@ def write_csv(path: Path, table: list[dict]) -> None:
     atomic_write_text(path, buf.getvalue())
 
 
-def write_markdown(path: Path, config: DictConfig, table, contestants, decision) -> None:
+def write_markdown(
+    path: Path, config: DictConfig, table, contestants, decision, gap: dict | None = None
+) -> None:
     lines = [
         "# Loader sweep",
         "",
@@ -143,7 +145,7 @@ def write_markdown(path: Path, config: DictConfig, table, contestants, decision)
             f"{' **winner**' if c is decision.winner else ''} | {_fmt(c.median)} | {_fmt(c.spread)}"
             f" | {len(c.values)}/{len(c.results)} | {against} |"
         )
-    lines += ["", f"Decision: {decision.reason}.", "", "## Every trial", ""]
+    lines += ["", f"Decision: {decision.reason}.", "", *gap_section(gap), "## Every trial", ""]
     lines.append("| " + " | ".join(COLUMNS) + " |")
     lines.append("|" + "---|" * len(COLUMNS))
     for row in table:
@@ -238,8 +240,55 @@ def plot_all(sweep_dir: Path, table: list[dict], contestants, decision) -> None:
     plt.close(fig)
 
 
-def write_all(sweep_dir: Path, config, study, search, contestants, decision) -> None:
+def gap_section(gap: dict | None) -> list[str]:
+    """Where the winner's time per sample goes: the loader, the model, or their sharing."""
+    if gap is None:
+        return []
+    c = gap["ceiling"]
+    compute = f"{c['compute_only']:,.1f}" if c["compute_only"] else "n/a"
+    return [
+        "## Where the gap is",
+        "",
+        f"Ceiling ({c['kind']}): {c['value']:,.1f} samples/s: {c['why']}. Loader-only at"
+        f" {c['loader_settings']}: {c['loader_only']:,.1f}; compute-only: {compute}.",
+        "",
+        gap["words"][0].upper() + gap["words"][1:] + ".",
+        "",
+        "Plot: `gap.png`.",
+        "",
+    ]
+
+
+def plot_gap(path: Path, gap: dict) -> None:
+    """End to end against loader-only, compute-only and the ceiling, and the shares of a
+    sample's time."""
+    c = gap["ceiling"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    names = ["end to end", "loader-only", "compute-only", f"ceiling ({c['kind']})"]
+    values = [gap["end_to_end"], c["loader_only"], c["compute_only"] or 0.0, c["value"]]
+    colors = ["tab:green", "tab:blue", "tab:orange", "tab:red"]
+    left.barh(names, values, color=colors)
+    for i, v in enumerate(values):
+        left.text(v, i, f" {v:,.0f}", va="center", fontsize=8)
+    left.set_xlabel("samples/s")
+    left.invert_yaxis()
+    left.set_title("The winner against what each side allows alone")
+    shares = gap["shares"]
+    right.bar(list(shares), [100 * v for v in shares.values()], color="tab:gray")
+    right.axhline(0, color="black", linewidth=0.8)
+    right.set_ylabel("% of a sample's time")
+    right.set_title("Where each sample's time goes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_all(
+    sweep_dir: Path, config, study, search, contestants, decision, gap: dict | None = None
+) -> None:
     table = rows(study, search, contestants, n_new=len(search))
     write_csv(sweep_dir / "trials.csv", table)
-    write_markdown(sweep_dir / "sweep_report.md", config, table, contestants, decision)
+    write_markdown(sweep_dir / "sweep_report.md", config, table, contestants, decision, gap)
     plot_all(sweep_dir, table, contestants, decision)
+    if gap is not None:
+        plot_gap(sweep_dir / "gap.png", gap)

@@ -6,11 +6,13 @@ time limit. This module adds what a throughput study needs around that:
 
 - the search space, with bounds from the hardware fingerprint and not capped at the core count
   (a worker waiting on I/O holds no core), and conditional parameters (``loader_search_space``);
-- a callback that seeds the study, then, after it, re-measures the best candidates and the
-  baselines (PyTorch's default, ``recipe``, the preset the user selected) alternately in the
-  same session, keeps the winner only if it beats the best baseline by more than the measured
-  spread, and writes the preset, ``best_config.yaml``, ``trials.csv``, ``sweep_report.md`` and
-  plots (``LoaderSweep``).
+- a callback that measures the ceilings and seeds the study before it (the trial launcher
+  stops the search near the ceiling); after it, re-measures the best candidates and the
+  baselines (PyTorch's default, ``recipe``, the preset the user selected) in alternating
+  rounds, folds contestants with the same resolved settings into one, lets the cheapest of
+  those not significantly slower than the fastest win (``decide``, :mod:`feedrate.stats`),
+  says where the winner's gap to the ceiling is, and writes the preset, ``best_config.yaml``,
+  ``final_decision.yaml``, ``trials.csv``, ``sweep_report.md`` and plots (``LoaderSweep``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from feedrate import environment, hardware, stats
+from feedrate import ceiling, environment, hardware, stats
 from feedrate.errors import ConfigError, FeedrateError
 from feedrate.files import atomic_write_text
 from feedrate.preset import (
@@ -332,6 +334,104 @@ def _hydra_args(config: DictConfig) -> list[str]:
     return [a for a in config.hydra.overrides.hydra if not a.startswith(own)]
 
 
+CEILINGS_FILE = "ceilings.json"
+
+
+def measure_ceilings(config: DictConfig) -> ceiling.Ceiling | None:
+    """Loader-only (at the high seed's worker count) and compute-only, a few seconds each,
+    before the search: the applicable ceiling goes to ``<sweep dir>/ceilings.json``, where
+    the trial launcher reads it to stop the search near it. None when it does not apply."""
+    measure = getattr(config.trainer.measure, "value", config.trainer.measure)
+    if not config.sweep.measure_ceilings or config.objective != "samples_per_sec":
+        return None
+    if measure != "train":
+        log.info(
+            "no ceiling measured before the search: with trainer.measure=%s the trials measure"
+            " that side alone already",
+            measure,
+        )
+        return None
+    script = Path(sys.argv[0]).resolve()
+    out = Path(config.hydra.sweep.dir) / "ceilings"
+    timeout = config.hydra.launcher.timeout_s
+    cores = max(1, int(hardware.usable_cores()))
+    workers = min(max_workers(config), 8 * cores)
+    base = _base_args(config)  # sweep=loader among them: the trials' own measurement
+    loader = run_trial(
+        script,
+        [*base, "trainer.measure=loader", f"loader.num_workers={workers}"],
+        out / "loader",
+        timeout,
+    )
+    compute = run_trial(script, [*base, "trainer.measure=compute"], out / "compute", timeout)
+    if not (loader.ok and compute.ok):
+        failed = loader if not loader.ok else compute
+        log.warning(
+            "the ceilings could not be measured (%s), so the search runs every trial: %s",
+            Path(failed.job_dir).name,
+            failed.reason,
+        )
+        return None
+    limit = ceiling.Ceiling(
+        ceiling.kind_of(compute.metrics["run"]["device"], "train"),
+        loader.value,
+        compute.value,
+        f"{workers} workers",
+    )
+    atomic_write_text(
+        Path(config.hydra.sweep.dir) / CEILINGS_FILE, json.dumps(limit.as_dict(), indent=2)
+    )
+    log.info(
+        "ceiling: %s; the search stops when a trial reaches %.2f of it",
+        limit.describe(),
+        1 - config.sweep.stop_within,
+    )
+    return limit
+
+
+def read_ceiling(sweep_dir: str | Path) -> ceiling.Ceiling | None:
+    path = Path(sweep_dir) / CEILINGS_FILE
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return ceiling.Ceiling(
+        data["kind"], data["loader_only"], data["compute_only"], data["loader_settings"]
+    )
+
+
+def measure_gap(config: DictConfig, winner: Contestant, sweep_dir: Path) -> dict | None:
+    """The differential method at the winner's settings: its end-to-end figure against its
+    own loader-only run and the compute-only one measured before the search."""
+    limit = read_ceiling(sweep_dir)
+    if limit is None or winner.median is None:
+        return None
+    script = Path(sys.argv[0]).resolve()
+    res = run_trial(
+        script,
+        [
+            *winner.overrides,
+            f"trainer.max_seconds={config.sweep.final_seconds}",
+            "trainer.measure=loader",
+        ],
+        sweep_dir / "ceilings" / "loader_winner",
+        config.hydra.launcher.timeout_s,
+    )
+    if not res.ok:
+        log.warning("the winner's loader-only run failed (%s): no gap analysis", res.reason)
+        return None
+    at_winner = ceiling.Ceiling(
+        limit.kind, res.value, limit.compute_only, f"{winner.label}'s settings"
+    )
+    words, shares = ceiling.gap(winner.median, at_winner)
+    log.info("where the time goes: %s", words)
+    return {
+        "ceiling": at_winner.as_dict(),
+        "end_to_end": winner.median,
+        "words": words,
+        "shares": shares,
+    }
+
+
 def write_decision(sweep_dir: Path, decision: Decision) -> None:
     """``final_decision.yaml`` beside Optuna's ``optimization_results.yaml``, which names the
     best *search* trial: the final decision, after re-measuring, can differ from it."""
@@ -493,9 +593,10 @@ class LoaderSweep(Callback):
             top = max_workers(config)  # sweep.max_workers bounds the seeds too
             for workers in sorted({min(cores, top), min(top, 8 * cores)}):
                 study.enqueue_trial({"loader.num_workers": workers})
+        measure_ceilings(config)
         log.info(
-            "loader sweep: study %s (%s), %d earlier trials; %d new trials, one at a time, each"
-            " in a fresh process (limit %g s); then %d finalists and the baselines re-measured"
+            "loader sweep: study %s (%s), %d earlier trials; up to %d new trials, one at a time,"
+            " each in a fresh process (limit %g s); then %d finalists and the baselines measured"
             " %d times; preset -> %s",
             sweeper.study_name,
             sweeper.storage,
@@ -534,6 +635,7 @@ class LoaderSweep(Callback):
         decision = decide(contestants)
         log.info("decision: %s", decision.reason)
         write_decision(sweep_dir, decision)
+        gap = measure_gap(config, decision.winner, sweep_dir)
 
         name = config.sweep.preset_name
         path = preset_path(_conf_dir(config), name)
@@ -542,7 +644,7 @@ class LoaderSweep(Callback):
             sweep_dir / "best_config.yaml",
             (Path(winner_result.job_dir) / ".hydra" / "config.yaml").read_text(),
         )
-        report.write_all(sweep_dir, config, study, search, contestants, decision)
+        report.write_all(sweep_dir, config, study, search, contestants, decision, gap)
         if config.sweep.write_preset:
             self._write_preset(config, path, decision, study)
         log.info("sweep report: %s", sweep_dir / "sweep_report.md")

@@ -80,6 +80,7 @@ class TrainResult:
     train_accuracy: float
     position: Position  # where training stopped: what the final checkpoint records
     warmup: dict = field(default_factory=dict)  # how the warm-up ended (WarmUp.as_dict)
+    abandoned: str = ""  # why measuring stopped early, if it did
 
 
 @dataclass
@@ -117,6 +118,22 @@ def planned_steps(cfg: DictConfig, loader: DataLoader) -> int:
             f" {len(loader)} batches per epoch); lower warmup_steps or raise max_steps/epochs"
         )
     return steps
+
+
+def _clearly_below(times: StepTimes, floor: float, stream: bool) -> str:
+    """Why a sweep trial can stop measuring now: after 1 s and two windows, its running rate
+    is below ``floor`` (the sweep's: half its best trial). Empty while it may still catch up."""
+    if times.elapsed_s < 1.0 or len(times.window_rates) < 2:
+        return ""
+    rate = times.samples / times.elapsed_s
+    if stream and times.produced is not None:
+        rate = min(rate, times.produced / times.elapsed_s)
+    if rate >= floor:
+        return ""
+    return (
+        f"ended early after {times.elapsed_s:.1f} s measured: {rate:,.1f} samples/s, below"
+        f" trainer.abandon_below={floor:,.1f}"
+    )
 
 
 def startup_backlog(loader: DataLoader, stream: bool = False) -> int:
@@ -192,6 +209,7 @@ def train(
     measure_start = window_start = 0.0
     window_samples = window_steps = 0
     window_wait = 0.0
+    abandoned = ""  # why the measurement ended before its time (trainer.abandon_below)
     # A checkpoint pauses training while workers go on filling their queues: the steps after
     # it would eat that backlog at compute speed. So a save closes the window, and measuring
     # resumes after a fresh warm-up; what workers produced meanwhile is not counted.
@@ -355,6 +373,9 @@ def train(
                     window_wait = 0.0
                     window_start = t2
                 times.elapsed_s += t2 - t0  # the measured steps' own time, pauses left out
+                if window_end and cfg.abandon_below is not None:
+                    abandoned = _clearly_below(times, cfg.abandon_below, cfg.stream)
+                    done = done or bool(abandoned)
                 if out_of_time:
                     done = True
             bar.update(1)
@@ -406,6 +427,7 @@ def train(
         train_accuracy=train_acc,
         position=stopped_at,
         warmup=warm.as_dict(),
+        abandoned=abandoned,
     )
 
 

@@ -5,6 +5,10 @@ when every trial failed: the sweep dies with a traceback before feedrate's callb
 report why the trials failed. This subclass lets the sweep end normally; the callback then
 prints the reasons and exits non-zero, leaving any existing preset untouched.
 
+With ``sweep=loader`` the search may end before ``n_trials``: once a trial comes within
+``sweep.stop_within`` of the ceiling, the trial launcher says so and no more trials are asked
+for; the results file is written as after a full search.
+
 On Ctrl-C feedrate's trial launcher has already killed the running trial; here the trials this
 sweep asked for and did not finish are marked failed in the study (not left "running"), and
 the sweep ends with status 130 and the way on. (Jobs a cluster launcher submitted are the
@@ -19,6 +23,23 @@ from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 log = logging.getLogger(__name__)
 
 
+class _SearchDone(Exception):
+    """The search reached the ceiling before its trial budget (sweep.stop_within)."""
+
+
+def _write_results(impl) -> None:
+    """What the plugin writes at the end of a full search: the best search trial."""
+    import optuna
+    from omegaconf import OmegaConf
+
+    study = optuna.load_study(study_name=impl.study_name, storage=impl.storage)
+    best = study.best_trial
+    OmegaConf.save(
+        OmegaConf.create({"name": "optuna", "best_params": best.params, "best_value": best.value}),
+        f"{impl.config.hydra.sweep.dir}/optimization_results.yaml",
+    )
+
+
 class FeedrateOptunaSweeper(OptunaSweeper):
     def sweep(self, arguments: list[str]) -> None:
         import optuna
@@ -29,6 +50,9 @@ class FeedrateOptunaSweeper(OptunaSweeper):
         ask = optuna.study.Study.ask
 
         def ask_and_remember(study, *args, **kwargs):
+            reason = getattr(self.sweeper.launcher, "stop_reason", None)
+            if reason:  # a trial reached the ceiling: no more trials (see the launcher)
+                raise _SearchDone(reason)
             trial = ask(study, *args, **kwargs)
             asked.add(trial._trial_id)
             return trial
@@ -36,6 +60,9 @@ class FeedrateOptunaSweeper(OptunaSweeper):
         optuna.study.Study.ask = ask_and_remember
         try:
             return super().sweep(arguments)
+        except _SearchDone:
+            _write_results(self.sweeper)
+            return None
         except KeyboardInterrupt:
             from feedrate.study import fail_unfinished
 

@@ -45,6 +45,11 @@ class FeedrateTrialLauncher(Launcher):
         self.hydra_context: HydraContext | None = None
         self.guard = None
         self.best: float | None = None
+        # Set when a trial comes within sweep.stop_within of the ceiling (sweep=loader):
+        # the sweeper then asks for no more trials.
+        self.stop_reason: str | None = None
+        self._ceiling = None
+        self._ceiling_read = False
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -81,7 +86,8 @@ class FeedrateTrialLauncher(Launcher):
                 job_dir.mkdir(parents=True, exist_ok=True)
                 result.save()
             else:
-                result = run_trial(script, list(overrides), job_dir, self.timeout_s, objective)
+                command = [*overrides, *self._abandon(sweep_config, objective)]
+                result = run_trial(script, command, job_dir, self.timeout_s, objective)
                 self.guard.learn(sweep_config, result)
             ret = JobReturn(
                 overrides=list(overrides),
@@ -107,9 +113,41 @@ class FeedrateTrialLauncher(Launcher):
                 )
                 if result.reason:  # measured again, or doubtful: say so beside the figure
                     log.warning("trial #%d: %s", idx, result.reason)
+                if result.metrics.get("abandoned"):
+                    log.info(
+                        "trial #%d %s (half the best so far)", idx, result.metrics["abandoned"]
+                    )
+                self._check_ceiling(sweep_config, idx, result.value)
             else:
                 ret.status = JobStatus.FAILED
                 ret._return_value = TrialFailed(f"{result.status}: {result.reason}")
                 log.warning("trial #%d %s -> %s: %s", idx, shown, result.status, result.reason)
             returns.append(ret)
         return returns
+
+    def _abandon(self, config: DictConfig, objective: str) -> list[str]:
+        """The override that ends a clearly worse trial early: below a share of the best."""
+        share = config.get("sweep", {}).get("abandon_below") if config.get("sweep") else None
+        if not share or self.best is None or objective != "samples_per_sec":
+            return []
+        return [f"trainer.abandon_below={share * self.best:.1f}"]
+
+    def _check_ceiling(self, config: DictConfig, idx: int, value: float) -> None:
+        """Stop the search once a trial is within ``sweep.stop_within`` of the ceiling that
+        the loader sweep measured before searching (``ceilings.json`` in the sweep dir)."""
+        if not config.get("sweep"):
+            return
+        from feedrate.sweep import read_ceiling
+
+        if not self._ceiling_read:
+            self._ceiling = read_ceiling(config.hydra.sweep.dir)
+            self._ceiling_read = True
+        if self._ceiling is None or self.stop_reason:
+            return
+        reach = value / self._ceiling.value
+        if reach >= 1 - config.sweep.stop_within:
+            self.stop_reason = (
+                f"trial {idx} reaches {reach:.2f} of what this machine allows"
+                f" ({self._ceiling.describe()}); stopping the search"
+            )
+            log.info("%s", self.stop_reason)

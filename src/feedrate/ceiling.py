@@ -1,0 +1,102 @@
+"""What this machine allows a workload: the ceiling that applies, and where a run's gap to it is.
+
+Two figures, each measured alone with all the cores: loader-only (``trainer.measure=loader``,
+batches delivered to the device, no model) and compute-only (``trainer.measure=compute``, the
+model on one device-resident batch). Which ceiling they make depends on where the model runs:
+
+- on a GPU, the model's compute does not use the host's cores: min(loader-only, compute-only);
+- on the CPU the loader uses, the two share the cores: a sample costs the loader's time plus
+  the model's, so the ceiling is 1 / (1/loader-only + 1/compute-only);
+- with no model (``trainer.measure=loader``), the loader alone: loader-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+GPU, SHARED, LOADER = "gpu", "shared", "loader"
+
+WHY = {
+    GPU: "the model runs on the GPU, so the loader and the model do not share cores:"
+    " min(loader-only, compute-only)",
+    SHARED: "the model runs on the CPU the workers use, so the two share the cores: the"
+    " shared-core rate 1/(1/loader-only + 1/compute-only), each measured alone with all cores",
+    LOADER: "no model runs (trainer.measure=loader): the loader alone is the limit",
+}
+
+
+def kind_of(device: str, measure: str) -> str:
+    """Which ceiling applies to a run on ``device`` (``cuda:0``, ``cpu``) measuring ``measure``."""
+    if measure == "loader":
+        return LOADER
+    return GPU if str(device).startswith("cuda") else SHARED
+
+
+def combine(kind: str, loader_only: float, compute_only: float | None) -> float:
+    if kind == LOADER or compute_only is None:
+        return loader_only
+    if kind == GPU:
+        return min(loader_only, compute_only)
+    return 1.0 / (1.0 / loader_only + 1.0 / compute_only)
+
+
+@dataclass
+class Ceiling:
+    kind: str
+    loader_only: float
+    compute_only: float | None
+    loader_settings: str = ""  # what the loader-only figure ran with (``48 workers``)
+
+    @property
+    def value(self) -> float:
+        return combine(self.kind, self.loader_only, self.compute_only)
+
+    @property
+    def why(self) -> str:
+        return WHY[self.kind]
+
+    def describe(self) -> str:
+        compute = f"{self.compute_only:,.0f}" if self.compute_only is not None else "n/a"
+        at = f" ({self.loader_settings})" if self.loader_settings else ""
+        return (
+            f"{self.value:,.0f} samples/s ({self.kind}: {self.why}; loader-only"
+            f" {self.loader_only:,.0f}{at}, compute-only {compute})"
+        )
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "value": self.value, "why": self.why}
+
+
+def gap(end_to_end: float, ceiling: Ceiling) -> tuple[str, dict[str, float]]:
+    """Where the time per sample goes, by the differential method: end-to-end against
+    loader-only and compute-only. Returns a sentence and the shares of a sample's time."""
+    t_e = 1.0 / end_to_end
+    t_l = 1.0 / ceiling.loader_only
+    t_c = 1.0 / ceiling.compute_only if ceiling.compute_only else 0.0
+    reach = end_to_end / ceiling.value
+    head = f"end to end {end_to_end:,.0f} samples/s is {reach:.2f} of the ceiling ({ceiling.kind})"
+    if ceiling.kind == SHARED:
+        # a sample costs the loader's time plus the model's; the rest is their sharing
+        shares = {"loader": t_l / t_e, "model": t_c / t_e, "sharing": 1.0 - (t_l + t_c) / t_e}
+        side = "the loader" if t_l >= t_c else "the model"
+        if shares["sharing"] < 0:
+            rest = (
+                f"; they overlap by {-shares['sharing']:.0%} of a sample's time (workers waiting"
+                " on I/O leave cores the step uses), which the shared-core model does not count"
+            )
+        else:
+            rest = f"; {shares['sharing']:.0%} is lost to their sharing of the CPU"
+        words = (
+            f"{head}: of each sample's time, the loader's own work is {shares['loader']:.0%}"
+            f" and the model's {shares['model']:.0%}, so {side} is where the time goes{rest}"
+        )
+        return words, shares
+    bound = "loader" if ceiling.kind == LOADER or t_l >= t_c else "model"
+    lost = max(0.0, 1.0 - reach)
+    shares = {bound: reach, "overlap lost": lost}
+    words = (
+        f"{head}: the {bound} sets the pace (loader-only {ceiling.loader_only:,.0f},"
+        f" compute-only {ceiling.compute_only or float('nan'):,.0f}); {lost:.0%} is lost to"
+        " running them together (waits, copies, synchronisation)"
+    )
+    return words, shares
