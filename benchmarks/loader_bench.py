@@ -239,7 +239,8 @@ def merge_rows(rows: list[dict]) -> dict[str, str]:
     ceilings and the memory check are not contestants)."""
     alias: dict[str, str] = {}
     seen: list[tuple[dict, str]] = []
-    for r in rows:
+    # the tuned preset names its row whatever ran first (its own first run may have failed)
+    for r in sorted(rows, key=lambda r: r["name"] != "tuned"):
         key = r.get("settings")
         if r["status"] != "ok" or key is None or not _is_contestant(r["name"]):
             continue

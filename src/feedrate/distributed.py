@@ -69,6 +69,12 @@ def setup(ranks: Ranks, hw: Hardware, trainer) -> Hardware:
             " its own clock, at a different step, and the others would wait for it forever in"
             " the gradient all-reduce; use trainer.max_steps or trainer.epochs"
         )
+    if trainer.get("abandon_below") is not None:
+        raise ConfigError(
+            f"trainer.abandon_below={trainer.abandon_below} under torchrun: each rank would"
+            " decide on its own figure whether to stop, and the others would wait for it forever"
+            " in the gradient all-reduce; leave it null (it is for sweep=loader's trials)"
+        )
     if hw.is_cuda:
         if ranks.local_rank >= torch.cuda.device_count():
             raise ConfigError(

@@ -18,6 +18,7 @@ import traceback
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import psutil
 import torch
 from hydra import compose as hydra_compose
@@ -170,6 +171,8 @@ def _run(
     on_error = cfg.dataset.get("on_error", "raise")
     train_set = GuardedDataset(train_set, on_error)
     sample, _ = GuardedDataset(dataset, "raise")[0]
+    if isinstance(sample, np.ndarray):  # the default collate batches it as a tensor
+        sample = torch.as_tensor(sample)
     if not isinstance(sample, torch.Tensor):  # the model and the loader's sizing need one
         raise unbatchable_sample(repr(type(sample)))
     model = build_model(cfg.model, n_classes).to(hw.device)

@@ -341,6 +341,12 @@ class WarmUp:
         self.seconds = self.clock() - self.started_at
         return True
 
+    def cut_short(self) -> None:
+        """The run ends before the warm-up could: measuring starts anyway, unsettled."""
+        self._over()
+        if self.settled is not None:
+            self.settled = False
+
     def as_dict(self) -> dict:
         return {
             "steps": self.steps,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from pathlib import Path
 
 import matplotlib
@@ -95,7 +96,8 @@ def rows(study: optuna.Study, search: list[TrialResult], contestants, n_new: int
         out.append(_row("search", f"trial {first_new + i}", r))
     for c in contestants:
         for k, r in enumerate(c.results):
-            out.append(_row(f"final {k + 1}", c.label, r))
+            found = re.search(r"round(\d+)_", r.job_dir)
+            out.append(_row(f"final {int(found[1]) + 1 if found else k + 1}", c.label, r))
     return out
 
 
@@ -136,8 +138,8 @@ def write_markdown(
         versus = decision.versus_fastest.get(c.name)
         if c is decision.fastest:
             against = "fastest"
-        elif c.dropped:
-            against = c.dropped
+        elif decision.why_slower.get(c.name):
+            against = decision.why_slower[c.name]
         else:
             against = versus.describe() if versus is not None else ""
         lines.append(

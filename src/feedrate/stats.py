@@ -3,8 +3,9 @@
 Two runs of the same settings differ by several percent on a shared machine, so a ratio of two
 medians is no verdict by itself. A comparison here takes alternating rounds of both sides,
 bootstraps the ratio of their medians over the rounds (scipy's percentile bootstrap), and calls
-a win or a loss only when at least ``MIN_ROUNDS`` rounds of each side were measured and the
-95% interval excludes 1.0; anything else is a tie within noise.
+a win or a loss only when at least ``MIN_ROUNDS`` rounds of each side were measured, the 95%
+interval excludes 1.0, and a rank test (Mann-Whitney U) agrees at the 5% level: with
+five runs a side the percentile bootstrap alone is too eager. Anything else is a tie.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ class Comparison:
     low: float
     high: float
     rounds: tuple[int, int]  # runs of a and of b
+    p_value: float = 1.0  # Mann-Whitney U, two-sided
 
     @property
     def verdict(self) -> str:
-        if min(self.rounds) < MIN_ROUNDS:
+        if min(self.rounds) < MIN_ROUNDS or self.p_value >= 1 - CONFIDENCE:
             return TIE
         if self.low > 1.0:
             return WIN
@@ -54,6 +56,7 @@ class Comparison:
             "low": self.low,
             "high": self.high,
             "rounds": list(self.rounds),
+            "p_value": self.p_value,
             "verdict": self.verdict,
         }
 
@@ -86,4 +89,5 @@ def compare(a: list[float], b: list[float], seed: int = 0) -> Comparison | None:
         rng=np.random.default_rng(seed),
     )
     ci = res.confidence_interval
-    return Comparison(ratio, float(ci.low), float(ci.high), (len(a), len(b)))
+    rank = stats.mannwhitneyu(a, b, alternative="two-sided", method="auto")
+    return Comparison(ratio, float(ci.low), float(ci.high), (len(a), len(b)), float(rank.pvalue))

@@ -232,22 +232,30 @@ def merge_identical(contestants: list[Contestant], stream: bool) -> list[Contest
 CLEARLY_SLOWER = 0.5
 
 
+def clearly_slower(c: Contestant, fastest: Contestant) -> str:
+    """Why ``c`` is slower than ``fastest`` whatever the rounds, or empty: its best run below
+    ``CLEARLY_SLOWER`` times the fastest's worst. No run-to-run noise spans a factor of two
+    (PyTorch's default against 32 workers on I/O-bound data), so this needs no interval."""
+    if c is fastest or not c.values or max(c.values) >= CLEARLY_SLOWER * min(fastest.values):
+        return ""
+    return (
+        f"clearly slower: its best run, {max(c.values):,.1f} samples/s, is below half of the"
+        f" worst run of {fastest.label}, {min(fastest.values):,.1f}"
+    )
+
+
 def drop_clearly_slower(contestants: list[Contestant]) -> list[Contestant]:
-    """Mark the contestants whose best run is below ``CLEARLY_SLOWER`` times the worst run of
-    the fastest: no run-to-run noise spans a factor of two, so more rounds of them would only
-    spend time (PyTorch's default against 32 workers on I/O-bound data). Returns them."""
+    """Mark the clearly slower contestants, so later rounds spend no time on them; returns
+    them."""
     measured = [c for c in contestants if c.values and not c.failures and not c.dropped]
     if not measured:
         return []
     fastest = max(measured, key=lambda c: c.median)
-    floor = min(fastest.values)
     out = []
     for c in measured:
-        if c is not fastest and max(c.values) < CLEARLY_SLOWER * floor:
-            c.dropped = (
-                f"clearly slower: its best run, {max(c.values):,.1f} samples/s, is below half of"
-                f" the worst run of {fastest.label}, {floor:,.1f}; not measured further"
-            )
+        why = clearly_slower(c, fastest)
+        if why:
+            c.dropped = f"{why}; not measured further"
             out.append(c)
     return out
 
@@ -260,15 +268,28 @@ class Decision:
     reason: str
     contestants: list[Contestant] = field(default_factory=list)
     # each measured contestant against the fastest: the ratio of medians and its interval
-    versus_fastest: dict[str, stats.Comparison] = field(default_factory=dict)
+    versus_fastest: dict[str, stats.Comparison | None] = field(default_factory=dict)
+    # why each contestant shown slower than the fastest is (empty for the others)
+    why_slower: dict[str, str] = field(default_factory=dict)
+
+
+def _significantly(versus: stats.Comparison | None) -> str:
+    if versus is None or versus.verdict != stats.LOSS:
+        return ""
+    return f"significantly: {versus.describe()}"
+
+
+def _described(versus: stats.Comparison | None) -> str:
+    return versus.describe() if versus is not None else "(no comparison)"
 
 
 def decide(contestants: list[Contestant]) -> Decision:
-    """Among the contestants not significantly slower than the fastest, the cheapest wins.
+    """Among the contestants not shown slower than the fastest, the cheapest wins.
 
-    Every finalist and every baseline is weighed against the fastest (the 95% interval of the
-    ratio of medians over the rounds, :mod:`feedrate.stats`); a contestant with any failed
-    final run is out, baselines included. Cheapest: fewest workers, then least memory.
+    Every finalist and every baseline is weighed against the fastest: shown slower when
+    significantly so (:mod:`feedrate.stats`: 5 rounds, the interval and a rank test) or
+    clearly so (a factor of two, at any number of rounds). A contestant with any failed final
+    run is out, baselines included. Cheapest: fewest workers, then least memory.
     """
     eligible = [c for c in contestants if c.median is not None and not c.failures]
     if not eligible:
@@ -279,11 +300,11 @@ def decide(contestants: list[Contestant]) -> Decision:
         )
     fastest = max(eligible, key=lambda c: c.median)
     versus = {c.name: stats.compare(c.values, fastest.values) for c in eligible}
-    close = [
-        c
+    why_slower = {
+        c.name: c.dropped or clearly_slower(c, fastest) or _significantly(versus[c.name])
         for c in eligible
-        if c is fastest or (versus[c.name].verdict != stats.LOSS and not c.dropped)
-    ]
+    }
+    close = [c for c in eligible if c is fastest or not why_slower[c.name]]
     winner = min(close, key=lambda c: (*c.cost(), -c.median))
     baselines = [c for c in eligible if c.is_baseline]
     best_baseline = max(baselines, key=lambda c: c.median) if baselines else None
@@ -294,22 +315,19 @@ def decide(contestants: list[Contestant]) -> Decision:
         others = [c for c in close if c is not winner]
         if others:
             reason += "; within noise of it but no cheaper: " + ", ".join(
-                f"{c.label} {versus[c.name].describe()}" for c in others
+                f"{c.label} {_described(versus[c.name])}" for c in others
             )
     else:
         reason = (
             f"{winner.label} ({winner.cost()[0]} workers) is not significantly slower than the"
             f" fastest, {fastest.label} ({fastest.cost()[0]} workers):"
-            f" {versus[winner.name].describe()}; the cheapest of those within noise wins"
+            f" {_described(versus[winner.name])}; the cheapest of those within noise wins"
         )
     if slower:
-        reason += "; significantly slower: " + ", ".join(
-            f"{c.label} ({c.dropped})" if c.dropped else f"{c.label} {versus[c.name].describe()}"
-            for c in slower
-        )
+        reason += "; slower: " + ", ".join(f"{c.label} ({why_slower[c.name]})" for c in slower)
     if out:
         reason += "; out for a failed final run: " + ", ".join(c.label for c in out)
-    return Decision(winner, fastest, best_baseline, reason, contestants, versus)
+    return Decision(winner, fastest, best_baseline, reason, contestants, versus, why_slower)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,6 +382,7 @@ def measure_ceilings(config: DictConfig) -> ceiling.Ceiling | None:
         timeout,
     )
     compute = run_trial(script, [*base, "trainer.measure=compute"], out / "compute", timeout)
+    (Path(config.hydra.sweep.dir) / CEILINGS_FILE).unlink(missing_ok=True)
     if not (loader.ok and compute.ok):
         failed = loader if not loader.ok else compute
         log.warning(
@@ -443,8 +462,12 @@ def write_decision(sweep_dir: Path, decision: Decision) -> None:
         "reason": decision.reason,
         "versus_fastest": {
             c.name: {
-                **decision.versus_fastest[c.name].as_dict(),
-                **({"verdict": stats.LOSS, "dropped": c.dropped} if c.dropped else {}),
+                **(decision.versus_fastest[c.name] or stats.Comparison(1, 1, 1, (0, 0))).as_dict(),
+                **(
+                    {"verdict": "slower", "why": decision.why_slower[c.name]}
+                    if decision.why_slower.get(c.name)
+                    else {}
+                ),
             }
             for c in decision.contestants
             if c.name in decision.versus_fastest
@@ -742,9 +765,10 @@ class LoaderSweep(Callback):
             if c is winner or c.median is None:
                 continue
             versus = stats.compare(winner.values, c.values)
+            against = c.dropped or clearly_slower(c, winner) or _described(versus)
             lines.append(
-                f"  vs {c.label}: {c.median:,.1f} samples/s; {winner.name} / it ="
-                f" {versus.describe()} (95% interval, {len(c.values)} runs)"
+                f"  vs {c.label}: {c.median:,.1f} samples/s; {winner.name} / it = {against}"
+                f" (95% interval, {len(c.values)} runs)"
             )
         lines += [
             f"Decision: {decision.reason}.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from feedrate.faults import LoaderFailure
 from feedrate.hardware import Hardware
 from feedrate.loader import produced_samples
 from feedrate.metrics import ResourceMonitor, StepTimes, WarmUp
+
+log = logging.getLogger(__name__)
 
 # Normalisation happens on the device: the loader moves uint8, 4x fewer bytes than float32.
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -313,8 +316,18 @@ def train(
             window_seen += len(y)
             step += 1
 
-            if warm_end is None and (warm.update() or step >= total - 1):
-                warm_end = step  # the warm-up is over, or only one step is left to measure
+            if warm_end is None and warm.update():
+                warm_end = step
+            elif warm_end is None and step >= total - 1:  # one step left: measure it anyway
+                warm_end = step
+                warm.cut_short()
+                log.warning(
+                    "the run ends before its warm-up (%d steps so far, a start-up backlog of %d"
+                    " batches): 1 step measured, and it may include start-up. Raise"
+                    " trainer.max_steps, or set trainer.steady_state=false <cfg.trainer>",
+                    warm.steps,
+                    warm.backlog,
+                )
             measured_step = step - warm_end if warm_end is not None else -1
             restart = step == rewarm_until  # the warm-up after a checkpoint is over
             measured = measured_step > 0 and step > rewarm_until
