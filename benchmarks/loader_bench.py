@@ -523,6 +523,8 @@ def measure_fidelity(workload: str, out: Path, args: argparse.Namespace) -> list
             "prefetch_factor": t.metrics["run"]["loader"].get("prefetch_factor"),
             "trial_value": t.value,
             "trial_seconds": t.metrics.get("measured_seconds"),
+            # cut short on purpose (below half the best so far): a rough figure by design
+            "abandoned": bool(t.metrics.get("abandoned")),
             "steady_value": steady.value,
             "steady_seconds": steady.metrics.get("measured_seconds") if steady.ok else None,
             "ratio": t.value / steady.value if steady.ok and steady.value else None,
@@ -545,6 +547,13 @@ def show_fidelity(workload: str, rows: list[dict], seconds: float) -> list[tuple
     for r in rows:
         ok = r["ratio"] is not None and abs(r["ratio"] - 1) <= FIDELITY
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "n/a"
+        if r.get("abandoned"):  # not a measurement of the setting: no verdict
+            print(
+                f"    trial {r['trial']:>3} {r['num_workers']:>3} workers: cut short at"
+                f" {r['trial_seconds']:.1f} s (below half the best), {r['trial_value']:,.1f}"
+                f" vs {r['steady_value'] or 0:,.1f} = {ratio}, not a full measurement"
+            )
+            continue
         print(
             f"    trial {r['trial']:>3}{' (finalist)' if r['finalist'] else '':<11}"
             f" {r['num_workers']:>3} workers, prefetch {r['prefetch_factor']}:"
@@ -599,8 +608,9 @@ def tables(results: dict, sweep_seconds: dict, fidelity: dict) -> str:
         for w, rows in fidelity.items():
             for r in rows:
                 ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "n/a"
+                cut = " (cut short)" if r.get("abandoned") else ""
                 lines.append(
-                    f"| {w} | {r['trial']}{' (finalist)' if r['finalist'] else ''} |"
+                    f"| {w} | {r['trial']}{' (finalist)' if r['finalist'] else ''}{cut} |"
                     f" {r['num_workers']} | {r['prefetch_factor']} | {r['trial_value']:,.0f} |"
                     f" {num(r['steady_value'])} | {ratio} |"
                 )

@@ -799,3 +799,14 @@ def test_a_trial_clearly_below_the_best_stops_measuring_early(compose, tmp_path)
     assert re.match(r"ended early after \d+\.\d s measured", m["abandoned"]), m["abandoned"]
     assert "below trainer.abandon_below=1,000,000,000.0" in m["abandoned"]
     assert m["measured_seconds"] < 5, "not the 30 s asked for"
+
+
+def test_between_near_worker_counts_memory_decides():
+    deep = _contestant("trial 5", [2290, 2300, 2310, 2295, 2305], False, workers=50)
+    for r in deep.results:
+        r.metrics["peak_shm_mb"] = 14_700.0  # 50 workers x prefetch 8 of 38 MB batches
+    shallow = _contestant("trial 6", [2280, 2290, 2300, 2285, 2295], False, workers=51)
+    d = decide([deep, shallow])
+    assert d.fastest is deep and d.winner is shallow, "1 worker more, 14 GB less"
+    few = _contestant("trial 7", [2270, 2290, 2300, 2280, 2310], False, workers=16)
+    assert decide([deep, shallow, few]).winner is few, "a third the workers wins outright"

@@ -207,8 +207,13 @@ class Contestant:
         return OmegaConf.to_container(composed.loader, resolve=True)
 
     def cost(self) -> tuple[float, float]:
-        """Cheaper first: fewer workers, then less memory."""
-        mem = [r.metrics.get("peak_pss_mb") or 0.0 for r in self.results if r.ok]
+        """Cheaper first: fewer workers, then less memory (PSS of the processes, and the
+        batches in /dev/shm, which is RAM too)."""
+        mem = [
+            (r.metrics.get("peak_pss_mb") or 0.0) + (r.metrics.get("peak_shm_mb") or 0.0)
+            for r in self.results
+            if r.ok
+        ]
         return (self.loader().get("num_workers", 0), statistics.median(mem) if mem else 0.0)
 
 
@@ -273,6 +278,17 @@ class Decision:
     why_slower: dict[str, str] = field(default_factory=dict)
 
 
+SAME_WORKERS = 0.10  # worker counts this close are equally cheap: memory decides
+
+
+def cheapest(contestants: list[Contestant]) -> Contestant:
+    """Fewest workers, then least memory: 50 workers with 15 GB of batches in /dev/shm are
+    not cheaper than 51 with 2 GB, so counts within ``SAME_WORKERS`` of the fewest are equal."""
+    fewest = min(c.cost()[0] for c in contestants)
+    near = [c for c in contestants if c.cost()[0] <= fewest * (1 + SAME_WORKERS)]
+    return min(near, key=lambda c: (c.cost()[1], c.cost()[0], -c.median))
+
+
 def _significantly(versus: stats.Comparison | None) -> str:
     if versus is None or versus.verdict != stats.LOSS:
         return ""
@@ -305,7 +321,7 @@ def decide(contestants: list[Contestant]) -> Decision:
         for c in eligible
     }
     close = [c for c in eligible if c is fastest or not why_slower[c.name]]
-    winner = min(close, key=lambda c: (*c.cost(), -c.median))
+    winner = cheapest(close)
     baselines = [c for c in eligible if c.is_baseline]
     best_baseline = max(baselines, key=lambda c: c.median) if baselines else None
     slower = [c for c in eligible if c not in close]
