@@ -382,9 +382,12 @@ def show(workload: str, res: dict) -> list[tuple[str, float, object, bool]]:
         return "failed" if v is None else f"{v:,.1f}"
 
     print(f"  ceiling ({res['ceiling_kind']}): {fig(res['ceiling'])}: {res['ceiling_why']}")
+    compute = (
+        "n/a (no model)" if res["ceiling_kind"] == ceiling.LOADER else fig(res["compute_only"])
+    )
     print(
         f"    loader-only {fig(res['loader_only'])} ({res['best_loader_only']}),"
-        f" compute-only {fig(res['compute_only'])}"
+        f" compute-only {compute}"
     )
     checks = []
     for key, ratio in res["ratios"].items():
@@ -577,12 +580,13 @@ def tables(results: dict, sweep_seconds: dict, fidelity: dict) -> str:
     ]
     for w, res in results.items():
         m = res["median"]
+        compute = "n/a" if res["ceiling_kind"] == ceiling.LOADER else num(res["compute_only"])
         lines.append(
             f"| {w} | {num(m.get('default'))} | {num(m.get('recipe'))} |"
             f" {num(m.get('cpu_capped'))} | {num(m.get(BEST_GRID))} ({res['best_grid']}) |"
             f" **{num(m['tuned'])}** ({_label(res, 'tuned')}) | {num(res['loader_only'])} |"
-            f" {num(res['compute_only'])} | {num(res['ceiling'])} ({res['ceiling_kind']}) |"
-            f" {sweep_seconds.get(w, 0):.0f} s |"
+            f" {compute} | {num(res['ceiling'])} ({res['ceiling_kind']}) |"
+            f" {f'{sweep_seconds[w]:.0f} s' if w in sweep_seconds else 'n/a'} |"
         )
     lines += [
         "",
