@@ -115,7 +115,24 @@ def send_failure_exit(exc: BaseException) -> int:
             os.close(os.open(os.devnull, os.O_RDONLY))
         except OSError as probe:
             code = probe.errno
+        else:  # the failed send may have freed a descriptor or two since: count what is left
+            code = errno.EMFILE if _descriptors_left() <= DESCRIPTOR_MARGIN else code
     return code if code in _SEND_CAUSES else SEND_FAILED
+
+
+# Sending a batch takes a few descriptors at once (shared memory, the fd sharer's socket):
+# a process this close to its limit ran out of them, whatever its error said.
+DESCRIPTOR_MARGIN = 4
+
+
+def _descriptors_left() -> int:
+    """Descriptors this process may still open under its soft limit (large if unknown)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    try:
+        used = len(os.listdir("/proc/self/fd")) - 1  # less the one listing them
+    except OSError:
+        return 2**31
+    return 2**31 if soft == resource.RLIM_INFINITY else soft - used
 
 
 def _mb(x: float) -> str:
