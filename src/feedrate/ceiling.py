@@ -66,6 +66,11 @@ class Ceiling:
     def as_dict(self) -> dict:
         return {**asdict(self), "value": self.value, "why": self.why}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> Ceiling:
+        """Back from ``as_dict`` (``ceilings.json``); the derived keys are recomputed."""
+        return cls(data["kind"], data["loader_only"], data["compute_only"], data["loader_settings"])
+
 
 def gap(end_to_end: float, ceiling: Ceiling) -> tuple[str, dict[str, float]]:
     """Where the time per sample goes, by the differential method: end-to-end against

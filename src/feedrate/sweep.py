@@ -284,9 +284,10 @@ SAME_WORKERS = 0.10  # worker counts this close are equally cheap: memory decide
 def cheapest(contestants: list[Contestant]) -> Contestant:
     """Fewest workers, then least memory: 50 workers with 15 GB of batches in /dev/shm are
     not cheaper than 51 with 2 GB, so counts within ``SAME_WORKERS`` of the fewest are equal."""
-    fewest = min(c.cost()[0] for c in contestants)
-    near = [c for c in contestants if c.cost()[0] <= fewest * (1 + SAME_WORKERS)]
-    return min(near, key=lambda c: (c.cost()[1], c.cost()[0], -c.median))
+    cost = {c.name: c.cost() for c in contestants}  # each reads its run's config once
+    fewest = min(workers for workers, _ in cost.values())
+    near = [c for c in contestants if cost[c.name][0] <= fewest * (1 + SAME_WORKERS)]
+    return min(near, key=lambda c: (cost[c.name][1], cost[c.name][0], -c.median))
 
 
 def _significantly(versus: stats.Comparison | None) -> str:
@@ -428,10 +429,7 @@ def read_ceiling(sweep_dir: str | Path) -> ceiling.Ceiling | None:
     path = Path(sweep_dir) / CEILINGS_FILE
     if not path.exists():
         return None
-    data = json.loads(path.read_text())
-    return ceiling.Ceiling(
-        data["kind"], data["loader_only"], data["compute_only"], data["loader_settings"]
-    )
+    return ceiling.Ceiling.from_dict(json.loads(path.read_text()))
 
 
 def measure_gap(config: DictConfig, winner: Contestant, sweep_dir: Path) -> dict | None:

@@ -127,7 +127,7 @@ class FeedrateTrialLauncher(Launcher):
 
     def _abandon(self, config: DictConfig, objective: str) -> list[str]:
         """The override that ends a clearly worse trial early: below a share of the best."""
-        share = config.get("sweep", {}).get("abandon_below") if config.get("sweep") else None
+        share = (config.get("sweep") or {}).get("abandon_below")
         if not share or self.best is None or objective != "samples_per_sec":
             return []
         return [f"trainer.abandon_below={share * self.best:.1f}"]
