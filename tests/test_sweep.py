@@ -28,7 +28,15 @@ from feedrate import ceiling, stats
 from feedrate.errors import ConfigError
 from feedrate.feasibility import FeasibilityGuard, Footprint, predict
 from feedrate.preset import MARKER, check_writable, preset_path, render
-from feedrate.sweep import Contestant, decide, drop_clearly_slower, max_workers, merge_identical
+from feedrate.sweep import (
+    Contestant,
+    _search_run,
+    decide,
+    drop_clearly_slower,
+    max_workers,
+    merge_identical,
+    seed_workers,
+)
 from feedrate.trial import TrialResult, run_trial
 
 from .conftest import ROOT
@@ -177,6 +185,29 @@ def test_worker_bound_is_far_past_the_core_count(monkeypatch):
     assert max_workers(cfg) >= 64
     monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 16.0)
     assert max_workers(cfg) >= 8 * 16
+
+
+def test_the_first_trials_climb_a_ladder_of_worker_counts(monkeypatch):
+    monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 2.0)
+    cfg = OmegaConf.create({"sweep": {"max_workers": None}})
+    assert seed_workers(cfg) == [2, 8, 32], "the 10 ms dataset peaks near 32 workers on 2 cores"
+    monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 16.0)
+    assert seed_workers(cfg) == [16, 64, max_workers(cfg)]
+    cfg.sweep.max_workers = 4
+    assert seed_workers(cfg) == [4], "sweep.max_workers bounds the seeds"
+    monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 2.0)
+    assert seed_workers(cfg) == [2, 4]
+
+
+def test_a_search_run_counts_as_a_final_round_only_if_it_measured_its_window():
+    params = ["loader.num_workers=8", "loader.prefetch_factor=2"]
+    whole = TrialResult([*params, "x=1"], "ok", value=500.0, metrics={"warmup": {}})
+    early = TrialResult(params, "ok", value=90.0, metrics={"abandoned": "ended early"})
+    cut = TrialResult(params, "ok", value=80.0, metrics={"warmup": {"cut_short": True}})
+    other = TrialResult(["loader.num_workers=4"], "ok", value=400.0)
+    failed = TrialResult(params, "failed", reason="crashed")
+    assert _search_run([other, early, cut, failed, whole], params) is whole
+    assert _search_run([early, cut, failed], params) is None
 
 
 def test_guard_skips_what_would_not_fit():
@@ -365,9 +396,12 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
     proc = _sweep(
         project,
         *SLEEPY_SYNTHETIC,
+        "sweep.final_seconds=0.6",  # the trials' own window: a finalist's search run counts
         rounds=5,  # enough to show a winner: fewer claim nothing, and the cheapest wins
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    reused = r"final round 1/5: +trial \d+ -> [\d,.]+ samples/s \(its search run\)"
+    assert re.search(reused, proc.stdout), proc.stdout[-3000:]
     sweep_dir = project / "multirun" / "0"
     preset = project / "conf" / "loader" / "tiny.yaml"
     text = preset.read_text()
@@ -405,6 +439,9 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
     assert ran["num_workers"] == written.num_workers
     decided = OmegaConf.load(sweep_dir / "final_decision.yaml")
     assert decided.loader.num_workers == written.num_workers and decided.reason
+    assert list(decided.seconds) == ["ceilings", "search", "final", "gap"]
+    assert decided.seconds.search > 0 and decided.seconds.final > 0
+    assert re.search(r"the sweep took \d+ s: ceilings \d+, search \d+, final \d+", proc.stdout)
     optuna_file = (sweep_dir / "optimization_results.yaml").read_text()
     assert optuna_file.startswith("# best_params: the best search trial")
     for name in (

@@ -310,6 +310,7 @@ class WarmUp:
         self._window_start: float | None = None
         self._window_steps = 0
         self._last_rate: float | None = None
+        self.cut = False  # the run ended before the warm-up did
 
     def update(self) -> bool:
         """One warm-up step done; True when the warm-up is over (measure from the next)."""
@@ -344,6 +345,7 @@ class WarmUp:
     def cut_short(self) -> None:
         """The run ends before the warm-up could: measuring starts anyway, unsettled."""
         self._over()
+        self.cut = True
         if self.settled is not None:
             self.settled = False
 
@@ -354,6 +356,7 @@ class WarmUp:
             "backlog_batches": self.backlog,
             "settle_windows": self.windows,
             "settled": self.settled,
+            "cut_short": self.cut,
         }
 
 

@@ -23,6 +23,7 @@ import logging
 import multiprocessing
 import statistics
 import sys
+import time
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -76,6 +77,18 @@ def max_workers(cfg: DictConfig) -> int:
     if cfg.sweep.max_workers:
         return cfg.sweep.max_workers
     return int(min(256, max(64, 8 * hardware.usable_cores())))
+
+
+SEED_LADDER = (1, 4, 16)  # the first trials' num_workers, in multiples of the cores
+
+
+def seed_workers(cfg: DictConfig) -> list[int]:
+    """The worker counts a new study tries first: the core count (what CPU-capped tuners
+    pick) and rungs far past it, where latency-bound data peaks (32 workers on 2 cores for the
+    10 ms dataset); ``sweep.max_workers`` bounds them too."""
+    cores = max(1, int(hardware.usable_cores()))
+    top = max_workers(cfg)
+    return sorted({min(top, k * cores) for k in SEED_LADDER})
 
 
 def start_methods(cfg: DictConfig) -> list[str]:
@@ -373,9 +386,10 @@ CEILINGS_FILE = "ceilings.json"
 
 
 def measure_ceilings(config: DictConfig) -> ceiling.Ceiling | None:
-    """Loader-only (at the high seed's worker count) and compute-only, a few seconds each,
-    before the search: the applicable ceiling goes to ``<sweep dir>/ceilings.json``, where
-    the trial launcher reads it to stop the search near it. None when it does not apply."""
+    """Loader-only (8 workers a core: past the peak of CPU-bound decoding, near that of
+    latency-bound reads) and compute-only, a few seconds each, before the search: the
+    applicable ceiling goes to ``<sweep dir>/ceilings.json``, where the trial launcher reads it
+    to stop the search near it. None when it does not apply."""
     measure = getattr(config.trainer.measure, "value", config.trainer.measure)
     if not config.sweep.measure_ceilings or config.objective != "samples_per_sec":
         return None
@@ -465,9 +479,31 @@ def measure_gap(config: DictConfig, winner: Contestant, sweep_dir: Path) -> dict
     }
 
 
-def write_decision(sweep_dir: Path, decision: Decision) -> None:
+class Phases:
+    """Where the sweep's wall time went: the ceilings, the search, the final rounds, the gap."""
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self.clock = clock
+        self.seconds: dict[str, float] = {}
+        self._last = clock()
+
+    def done(self, phase: str) -> None:
+        now = self.clock()
+        self.seconds[phase] = round(now - self._last, 1)
+        self._last = now
+
+    def describe(self) -> str:
+        """``312 s: ceilings 25, search 114, final 165, gap 8``"""
+        parts = ", ".join(f"{k} {v:.0f}" for k, v in self.seconds.items())
+        return f"{sum(self.seconds.values()):.0f} s: {parts}"
+
+
+def write_decision(
+    sweep_dir: Path, decision: Decision, seconds: dict[str, float] | None = None
+) -> None:
     """``final_decision.yaml`` beside Optuna's ``optimization_results.yaml``, which names the
-    best *search* trial: the final decision, after re-measuring, can differ from it."""
+    best *search* trial: the final decision, after re-measuring, can differ from it; with
+    the seconds each phase of the sweep took."""
     winner = decision.winner
     data = {
         "winner": winner.label,
@@ -486,6 +522,7 @@ def write_decision(sweep_dir: Path, decision: Decision) -> None:
             for c in decision.contestants
             if c.name in decision.versus_fastest
         },
+        **({"seconds": seconds} if seconds else {}),
     }
     note = (
         "# The sweep's final decision, after re-measuring the finalists and the baselines in"
@@ -507,6 +544,21 @@ class SweepFailed(FeedrateError):
     """No configuration could be measured: nothing to decide, no preset written."""
 
     exit_code = 1
+
+
+def _search_run(search: list[TrialResult], params: list[str]) -> TrialResult | None:
+    """This session's search run of these parameters, if it measured its whole window (not
+    ended early by ``trainer.abandon_below``, nor cut short before its warm-up was over)."""
+    for r in search:
+        warm = r.metrics.get("warmup") or {}
+        if (
+            r.ok
+            and set(params) <= set(r.overrides)
+            and not r.metrics.get("abandoned")
+            and not warm.get("cut_short")
+        ):
+            return r
+    return None
 
 
 def _failure_summary(search: list[TrialResult]) -> str:
@@ -595,6 +647,7 @@ class LoaderSweep(Callback):
             _fail(exc)
 
     def _start(self, config: DictConfig) -> None:
+        self._phases = Phases()
         name = config.sweep.preset_name
         path = preset_path(_conf_dir(config), name)
         check_writable(path, config.sweep.overwrite)
@@ -625,12 +678,10 @@ class LoaderSweep(Callback):
                 )
         earlier = len(study.trials)
         if earlier == 0:
-            # Seeds: the core count (what CPU-capped tuners pick) and far past it.
-            cores = max(1, int(hardware.usable_cores()))
-            top = max_workers(config)  # sweep.max_workers bounds the seeds too
-            for workers in sorted({min(cores, top), min(top, 8 * cores)}):
+            for workers in seed_workers(config):
                 study.enqueue_trial({"loader.num_workers": workers})
         measure_ceilings(config)
+        self._phases.done("ceilings")
         log.info(
             "loader sweep: study %s (%s), %d earlier trials; up to %d new trials, one at a time,"
             " each in a fresh process (limit %g s); then %d finalists and the baselines measured"
@@ -665,14 +716,19 @@ class LoaderSweep(Callback):
 
         sweep_dir = Path(config.hydra.sweep.dir)
         sweeper = config.hydra.sweeper
+        phases = getattr(self, "_phases", None) or Phases()
+        phases.done("search")
         study = optuna.load_study(study_name=sweeper.study_name, storage=sweeper.storage)
         search = report.collect_search(sweep_dir)
         contestants = self._contestants(config, study, search)
         contestants = self._remeasure(config, contestants, sweep_dir / "final")
+        phases.done("final")
         decision = decide(contestants)
         log.info("decision: %s", decision.reason)
-        write_decision(sweep_dir, decision)
         gap = measure_gap(config, decision.winner, sweep_dir)
+        phases.done("gap")
+        log.info("the sweep took %s", phases.describe())
+        write_decision(sweep_dir, decision, phases.seconds)
 
         name = config.sweep.preset_name
         path = preset_path(_conf_dir(config), name)
@@ -709,7 +765,12 @@ class LoaderSweep(Callback):
                 continue
             seen.add(key)
             params = [f"{k}={v}" for k, v in t.params.items()]
-            contestants.append(Contestant(f"trial {t.number}", [*args, *params], False))
+            finalist = Contestant(f"trial {t.number}", [*args, *params], False)
+            same_window = config.sweep.final_seconds == config.trainer.max_seconds
+            run = _search_run(search, params) if same_window else None
+            if run is not None:  # measured as a final run would be: it counts as round 1
+                finalist.results.append(run)
+            contestants.append(finalist)
             if len(seen) >= config.sweep.finalists:
                 break
         return contestants
@@ -718,7 +779,8 @@ class LoaderSweep(Callback):
         self, config: DictConfig, contestants: list[Contestant], out: Path
     ) -> list[Contestant]:
         """Alternating rounds of every contestant; after the first, contestants that ran the
-        same resolved settings are one (measured once from then on). Returns those left."""
+        same resolved settings are one (measured once from then on). A finalist whose search
+        run measured as a final run does has its round 1 already. Returns those left."""
         from tqdm import tqdm
 
         script = Path(sys.argv[0]).resolve()
@@ -731,6 +793,11 @@ class LoaderSweep(Callback):
             # Alternate, and reverse every other round, so drift hits everyone alike.
             live = [c for c in contestants if not c.dropped]
             for c in live if r % 2 == 0 else live[::-1]:
+                if r == 0 and c.results:
+                    shown = f"{c.results[0].value:,.1f} samples/s (its search run)"
+                    bar.write(f"final round 1/{rounds}: {c.name:>12} -> {shown}")
+                    bar.update(1)
+                    continue
                 slug = c.name.replace(" ", "_")
                 res = run_trial(script, [*c.overrides, *longer], out / f"round{r}_{slug}", timeout)
                 c.results.append(res)
