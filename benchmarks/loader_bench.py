@@ -89,6 +89,9 @@ CEILING = "ceiling_"
 MEMORY_OFF = "tuned_memory_off"
 NO_MEMORY_READS = "trainer.memory_sample_s=null"
 BEST_GRID = "best_grid"  # the grid's best point, measured in the rounds beside the others
+# The tuned preset with other thread counts: PyTorch's where the sweep tuned them, else two
+# threads a worker (does the sweep's "one a worker, not searched" hold there?)
+THREADS = "tuned_threads_"
 
 
 def preset_name(workload: str, args: argparse.Namespace) -> str:
@@ -105,6 +108,15 @@ def grid_points(workers=GRID, prefetch=PREFETCH) -> dict[str, list[str]]:
             if p is not None:
                 out[name].append(f"loader.prefetch_factor={p}")
     return out
+
+
+def threads_variant(preset: dict) -> tuple[str, list[str]] | None:
+    """The tuned preset with other thread counts (a row that is not a contestant)."""
+    if preset.get("worker_threads") or preset.get("main_threads"):
+        return f"{THREADS}default", ["loader.worker_threads=null", "loader.main_threads=null"]
+    if preset.get("num_workers"):
+        return f"{THREADS}2_per_worker", ["loader.worker_threads=2"]
+    return None
 
 
 def contestants(preset: str, cores: int) -> dict[str, list[str]]:
@@ -190,8 +202,14 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
         best = max(measured, key=lambda r: r["samples_per_sec"])["name"]
         runs[BEST_GRID] = grid[best]
         print(f"[{workload}] best of the grid: {best}", flush=True)
-    # Reading memory must not cost the measurement: the tuned preset with it off, beside it
-    runs = {"tuned": runs["tuned"], MEMORY_OFF: [*runs["tuned"], NO_MEMORY_READS], **runs}
+    # Reading memory must not cost the measurement: the tuned preset with it off, beside it;
+    # and the threads the sweep tuned (or left alone) against the other choice
+    tuned = runs["tuned"]
+    variant = threads_variant(
+        read_preset(ROOT / "conf" / "loader" / f"{preset_name(workload, args)}.yaml")
+    )
+    threads = {variant[0]: [*tuned, *variant[1]]} if variant else {}
+    runs = {"tuned": tuned, MEMORY_OFF: [*tuned, NO_MEMORY_READS], **threads, **runs}
     # Round 1: everyone; then one row per resolved configuration.
     for name, overrides in runs.items():
         measure(0, name, overrides)
@@ -257,7 +275,7 @@ def merge_rows(rows: list[dict]) -> dict[str, str]:
 
 
 def _is_contestant(name: str) -> bool:
-    return not name.startswith((CEILING, "grid_")) and name != MEMORY_OFF
+    return not name.startswith((CEILING, "grid_", THREADS)) and name != MEMORY_OFF
 
 
 def applicable_ceiling(rows: list[dict]) -> str:
@@ -333,6 +351,8 @@ def compare(rows: list[dict]) -> dict | None:
         "tuned/ceiling": versus(None, ceiling_values) if ceiling_values else None,
     }
     memory = stats.compare(values.get(MEMORY_OFF, []), values["tuned"])
+    variant = next((k for k in values if k.startswith(THREADS)), None)
+    threads = stats.compare(values["tuned"], values[variant]) if variant else None
     contestants += [n for n, twin in alias.items() if twin in values]  # each name, its twin's runs
     return {
         "values": {k: values[alias.get(k, k)] for k in contestants},
@@ -354,7 +374,19 @@ def compare(rows: list[dict]) -> dict | None:
         "ceiling": statistics.median(ceiling_values) if ceiling_values else None,
         "ratios": ratios,
         "memory_off/on": memory.as_dict() | {"shown": memory.describe()} if memory else None,
+        "threads": (
+            threads.as_dict()
+            | {"shown": threads.describe(), "versus": variant.removeprefix(THREADS)}
+            if threads
+            else None
+        ),
     }
+
+
+def _threads_text(variant: str) -> str:
+    return {"default": "PyTorch's threads", "2_per_worker": "2 threads a worker"}.get(
+        variant, variant
+    )
 
 
 def _label(res: dict, name: str) -> str:
@@ -420,6 +452,9 @@ def show(workload: str, res: dict) -> list[tuple[str, float, object, bool]]:
         )
     if res.get("memory_off/on"):
         print(f"  memory reads off / on = {res['memory_off/on']['shown']}")
+    if res.get("threads"):
+        t = res["threads"]
+        print(f"  tuned threads / {_threads_text(t['versus'])} = {t['shown']}")
     wait = res["data_wait"].get("tuned")
     if workload in DATA_WAIT_TARGET and wait is not None:
         limit = DATA_WAIT_TARGET[workload]
@@ -615,6 +650,9 @@ def tables(results: dict, sweep_seconds: dict, fidelity: dict) -> str:
             lines.append(f"| {w} | {key} | {shown} | {goal} |")
         if res.get("memory_off/on"):
             lines.append(f"| {w} | memory reads off / on | {res['memory_off/on']['shown']} | tie |")
+        if res.get("threads"):
+            t = res["threads"]
+            lines.append(f"| {w} | tuned threads / {_threads_text(t['versus'])} | {t['shown']} | |")
     if any(fidelity.values()):
         lines += [
             "",

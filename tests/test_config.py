@@ -120,6 +120,9 @@ def test_typos_and_wrong_types_fail_at_composition(compose, override, key):
         (["model.width=0"], "model.width=0 must be at least 1"),
         (["model=pooled_linear", "model.grid=-2"], "model.grid=-2 must be at least 1"),
         (["hardware.memory_limit_gb=0"], "hardware.memory_limit_gb=0.0 must be positive"),
+        (["loader.worker_threads=2"], "loader.worker_threads=2 applies to worker processes"),
+        (["loader.num_workers=2", "loader.worker_threads=0"], "loader.worker_threads=0 must be"),
+        (["loader.main_threads=0"], "loader.main_threads=0 must be at least 1"),
     ],
 )
 def test_bad_values_are_refused_before_anything_runs(compose, overrides, message):

@@ -42,6 +42,13 @@ def test_the_gpu_check_runs_every_stage_in_smoke_mode(tmp_path):
     gpu = bench["results"]["gpu"]
     assert gpu["median"]["tuned"] > 0 and gpu["ceiling"] > 0
     assert {"tuned/recipe", "tuned/ceiling"} <= set(gpu["ratios"])
+    # the threads the sweep tuned on this CPU (or left at one a worker) against the other way,
+    # where the tuned preset has workers to run them
+    if gpu["settings"]["tuned"]["num_workers"]:
+        assert gpu["threads"]["versus"] in ("default", "2_per_worker")
+        assert "tuned threads / " in (out / "tables.md").read_text()
+    else:
+        assert gpu["threads"] is None
     assert bench["extra"][:2] == ["model=pooled_linear", "hardware=cpu"]
     assert (out / "bench.png").stat().st_size > 0
     env = json.loads((out / "environment.json").read_text())
@@ -78,6 +85,8 @@ def test_a_benchmark_cut_short_is_summarised_with_intervals_and_the_shared_core_
         "ceiling_loader_grid_48x2": [2370, 2380, 2360, 2375, 2365],
         "ceiling_loader_tuned": [1350],
         "ceiling_compute": [2600, 2620, 2610, 2590, 2605],
+        # the tuned preset with PyTorch's threads: a row beside it, not a contestant
+        "tuned_threads_default": [1180, 1175, 1190, 1185, 1170],
     }.items():
         rows += [_row("synthetic", name, r, v) for r, v in enumerate(values)]
     # the CPU-capped pick ran the tuned preset's settings: one row, not a comparison
@@ -102,6 +111,10 @@ def test_a_benchmark_cut_short_is_summarised_with_intervals_and_the_shared_core_
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())["synthetic"]
     assert summary["aliases"] == {"cpu_capped": "tuned"}
+    assert "tuned_threads_default" not in summary["median"]
+    threads = summary["threads"]
+    assert threads["versus"] == "default" and threads["verdict"] == "win"
+    assert "tuned threads / PyTorch's threads = 1.10x [" in proc.stdout
     assert summary["ratios"]["tuned/cpu_capped"]["verdict"] == "same settings"
     assert "tuned = cpu_capped" in proc.stdout
     assert summary["best_grid"] == "grid_16x4" and summary["grid"]["grid_2x2"] == 200

@@ -35,7 +35,9 @@ from feedrate.sweep import (
     drop_clearly_slower,
     max_workers,
     merge_identical,
+    search_threads,
     seed_workers,
+    thread_choices,
 )
 from feedrate.trial import TrialResult, run_trial
 
@@ -197,6 +199,21 @@ def test_the_first_trials_climb_a_ladder_of_worker_counts(monkeypatch):
     assert seed_workers(cfg) == [4], "sweep.max_workers bounds the seeds"
     monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 2.0)
     assert seed_workers(cfg) == [2, 4]
+
+
+def test_threads_are_searched_where_the_model_shares_the_cpu(compose, monkeypatch):
+    monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 2.0)
+    assert thread_choices() == [1, 2]
+    monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 6.0)
+    assert thread_choices() == [1, 2, 4, 6]
+    cfg = compose("sweep=loader", "model=pooled_linear", "hardware=cpu")
+    assert search_threads(cfg), "the model trains on the CPU the workers use"
+    cfg.trainer.measure = "loader"
+    assert not search_threads(cfg), "no model step: nothing to share the cores with"
+    cfg = compose("sweep=loader", "model=pooled_linear", "sweep.search_threads=false")
+    assert not search_threads(cfg)
+    monkeypatch.setattr("feedrate.sweep.torch.cuda.is_available", lambda: True)
+    assert not search_threads(compose("sweep=loader", "model=pooled_linear")), "model on a GPU"
 
 
 def test_a_search_run_counts_as_a_final_round_only_if_it_measured_its_window():
@@ -455,6 +472,9 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
         assert (sweep_dir / name).stat().st_size > 0, name
     rows = _rows(sweep_dir)
     assert [r["phase"] for r in rows].count("search") == 3
+    # the model trains on the CPU the workers use: the threads are searched, from PyTorch's
+    seeded = next(r for r in rows if r["phase"] == "search")
+    assert (seeded["worker_threads"], seeded["main_threads"]) == ("1", str(max(thread_choices())))
     assert {r["name"] for r in rows if r["phase"] == "final 1"} >= {"default", "recipe"}
     assert all(float(r["samples_per_sec"]) > 0 for r in rows if r["status"] == "ok")
     assert "trial #" in proc.stdout and "best so far" in proc.stdout  # a line per trial

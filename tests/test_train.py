@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import feedrate
-from feedrate.loader import CountingCollate
+from feedrate.loader import CountingCollate, build_loader
 
 from .conftest import PHOTOS, ROOT, run_cli, shrink
 
@@ -374,6 +374,40 @@ def test_warm_up_that_never_settles_ends_after_its_windows_and_says_so():
     assert warm.settled is False and warm.windows == 4 and steps == 2 + 4 * 2
     fixed = WarmUp(5, backlog=64, window_steps=2, steady=False, clock=_Clock())
     assert _warm_up(fixed, lambda i: 0.1) == 5 and fixed.settled is None, "exactly warmup_steps"
+
+
+class ThreadCount(torch.utils.data.Dataset):
+    """Each sample: the intra-op threads of the process that loaded it."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        return torch.tensor(torch.get_num_threads())
+
+
+@pytest.mark.parametrize(("threads", "expected"), [(None, 1), (2, 2)])
+def test_workers_run_the_threads_the_loader_asks_for(threads, expected):
+    kwargs = {
+        **dict(batch_size=4, shuffle=False, num_workers=2, pin_memory=False, drop_last=False),
+        **dict(timeout=0.0, persistent_workers=False, prefetch_factor=2),
+        **dict(multiprocessing_context="fork", worker_threads=threads),
+    }
+    seen = torch.cat(list(build_loader(ThreadCount(), kwargs, seed=0)))
+    assert seen.tolist() == [expected] * 8, "PyTorch's default is one thread a worker"
+
+
+def test_the_main_process_runs_the_threads_the_preset_asks_for(compose, tmp_path):
+    before = torch.get_num_threads()
+    try:
+        m = feedrate.run(
+            compose("loader.num_workers=1", "loader.main_threads=1", "loader.worker_threads=2"),
+            output_dir=tmp_path,
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert m["run"]["torch_threads"] == 1
+    assert m["run"]["loader"]["worker_threads"] == 2
 
 
 def test_a_run_measures_after_the_backlog_and_records_its_warm_up(compose, tmp_path):

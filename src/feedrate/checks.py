@@ -66,6 +66,11 @@ def _loader_problems(loader: DictConfig) -> Iterable[str]:
                 "loader.persistent_workers=true needs worker processes but loader.num_workers=0:"
                 f" {fix} (loader.persistent_workers=false)"
             )
+        if loader.worker_threads is not None:
+            yield (
+                f"loader.worker_threads={loader.worker_threads} applies to worker processes but"
+                f" loader.num_workers=0: {fix} (loader.worker_threads=null)"
+            )
         if loader.timeout > 0:
             yield (
                 f"loader.timeout={loader.timeout} applies to worker processes but"
@@ -146,8 +151,13 @@ def validate(cfg: DictConfig) -> None:
         *_trainer_problems(cfg.trainer),
         *_model_problems(cfg.model),
     ]
-    if cfg.hardware.torch_threads is not None and cfg.hardware.torch_threads < 1:
-        problems.append(f"hardware.torch_threads={cfg.hardware.torch_threads} must be at least 1")
+    for key, value in (
+        ("hardware.torch_threads", cfg.hardware.torch_threads),
+        ("loader.worker_threads", cfg.loader.worker_threads),
+        ("loader.main_threads", cfg.loader.main_threads),
+    ):
+        if value is not None and value < 1:
+            problems.append(f"{key}={value} must be at least 1, or null (the default)")
     every = cfg.trainer.get("memory_sample_s")
     if every is not None and every <= 0:
         problems.append(

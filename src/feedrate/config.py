@@ -66,6 +66,11 @@ class LoaderConfig:
     timeout: float = 0.0
     drop_last: bool = False
     shuffle: bool = True
+    # Intra-op threads of each worker (null: PyTorch's 1) and of the main process while it
+    # trains (null: hardware.torch_threads). On a CPU host the model and the workers share the
+    # cores, so how they split them is tuned with the workers and travels in the preset.
+    worker_threads: int | None = None
+    main_threads: int | None = None
 
 
 @dataclass
@@ -218,6 +223,9 @@ class SweepConfig:
     stop_within: float = 0.03
     # A trial stops measuring once clearly worse: below this share of the best trial so far.
     abandon_below: float = 0.5
+    # Search loader.worker_threads and loader.main_threads too; null: where the model trains
+    # on the CPU the workers use (not on a GPU, where one thread a worker is the norm).
+    search_threads: bool | None = None
     write_preset: bool = True
 
 

@@ -161,8 +161,9 @@ def _run(
         hw.pin_memory,
     )
     torch.manual_seed(cfg.trainer.seed)
-    if cfg.hardware.torch_threads:
-        torch.set_num_threads(cfg.hardware.torch_threads)
+    threads = cfg.loader.main_threads or cfg.hardware.torch_threads  # the preset's, if it says
+    if threads:
+        torch.set_num_threads(threads)
     torch.backends.cudnn.benchmark = hw.cudnn_benchmark
 
     dataset = build_dataset(cfg.dataset)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import multiprocessing.queues
@@ -65,6 +66,7 @@ def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
     if cfg.num_workers > 0:
         kwargs["prefetch_factor"] = cfg.prefetch_factor  # None: PyTorch's default (2)
         kwargs["multiprocessing_context"] = start_method(cfg)
+        kwargs["worker_threads"] = cfg.worker_threads  # not the DataLoader's: build_loader's
     return kwargs
 
 
@@ -117,6 +119,8 @@ def build_loader(
 
     Refuses, before any worker starts, a dataset that its workers could not receive.
     """
+    kwargs = dict(kwargs)
+    threads = kwargs.pop("worker_threads", None)
     workers = kwargs["num_workers"]
     if workers > 0:
         check_picklable(dataset, kwargs["multiprocessing_context"])
@@ -148,7 +152,7 @@ def build_loader(
         dataset,
         generator=generator,
         collate_fn=CountingCollate(workers),
-        worker_init_fn=_init_worker if workers > 0 else None,
+        worker_init_fn=functools.partial(_init_worker, threads=threads) if workers > 0 else None,
         **kwargs,
     )
 
@@ -237,9 +241,10 @@ class ResumableSampler(Sampler[int]):
         return len(self.order)
 
 
-def _init_worker(worker_id: int) -> None:
-    """In each worker: ignore Ctrl-C (the main process finishes its step, saves, and ends the
-    workers), and end the worker when a batch cannot be sent.
+def _init_worker(worker_id: int, threads: int | None = None) -> None:
+    """In each worker: its intra-op threads (``loader.worker_threads``; PyTorch's 1 if None),
+    ignore Ctrl-C (the main process finishes its step, saves, and ends the workers), and end
+    the worker when a batch cannot be sent.
 
     A batch is pickled, and its file descriptors handed over, by threads of the worker
     (multiprocessing's queue feeder and fd sharer). When one fails (too many open files, no
@@ -248,6 +253,8 @@ def _init_worker(worker_id: int) -> None:
     what failed in one line and exits with a code that names the cause: the main process sees
     the worker gone, and :func:`feedrate.faults.diagnose` says why, with the fix.
     """
+    if threads:
+        torch.set_num_threads(threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # born so (_Loader); a foreign start may not be
     reporting = threading.Lock()
 

@@ -23,6 +23,8 @@ PRESET_KEYS = (
     "persistent_workers",
     "multiprocessing_context",
     "timeout",
+    "worker_threads",
+    "main_threads",
 )
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 

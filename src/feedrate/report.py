@@ -26,6 +26,8 @@ PARAMS = (
     "multiprocessing_context",
     "pin_memory",
     "batch_size",
+    "worker_threads",
+    "main_threads",
 )
 COLUMNS = (
     "phase",

@@ -146,6 +146,30 @@ def loader_search_space(cfg: DictConfig, trial: optuna.trial.Trial) -> None:
         trial.suggest_categorical("loader.pin_memory", [True, False])
     if cfg.sweep.tune_batch_size:
         trial.suggest_categorical("loader.batch_size", list(cfg.sweep.batch_sizes))
+    if search_threads(cfg):
+        choices = thread_choices()
+        trial.suggest_categorical("loader.worker_threads", choices)
+        trial.suggest_categorical("loader.main_threads", choices)
+
+
+def thread_choices() -> list[int]:
+    """1, 2, 4, ... up to the usable cores (and they)."""
+    cores = max(1, int(hardware.usable_cores()))
+    return sorted({*(2**k for k in range(cores.bit_length()) if 2**k <= cores), cores})
+
+
+def search_threads(cfg: DictConfig) -> bool:
+    """Search the workers' and the main process's threads? Where the model trains on the
+    CPU the workers use (``sweep.search_threads: null``), as they split the cores between
+    them; not on a GPU, where the main process only feeds the device, nor with
+    ``trainer.measure=loader``, nor on one core."""
+    wanted = cfg.sweep.get("search_threads")
+    if wanted is not None:
+        return bool(wanted)
+    device = str(getattr(cfg.hardware.device, "value", cfg.hardware.device))
+    on_cpu = device == "cpu" or not torch.cuda.is_available()
+    measure = getattr(cfg.trainer.measure, "value", cfg.trainer.measure)
+    return on_cpu and measure == "train" and hardware.usable_cores() >= 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,6 +197,7 @@ def resolved_settings(metrics: dict, stream: bool) -> dict | None:
     if out["num_workers"]:
         out["prefetch_factor"] = loader.get("prefetch_factor") or 2
         out["multiprocessing_context"] = loader.get("multiprocessing_context")
+        out["worker_threads"] = loader.get("worker_threads") or 1
         if not stream:
             out["persistent_workers"] = bool(loader.get("persistent_workers"))
     return out
@@ -582,6 +607,7 @@ SEARCHED = (
     "loader.multiprocessing_context",
     "loader.pin_memory",
 )
+THREADS = ("loader.worker_threads", "loader.main_threads")
 
 
 def check_sweep(config: DictConfig) -> None:
@@ -617,12 +643,18 @@ def check_sweep(config: DictConfig) -> None:
             " srun --exclusive python train.py -m sweep=loader"
         )
     searched = [*SEARCHED, *(["loader.batch_size"] if s.tune_batch_size else [])]
+    searched += THREADS if search_threads(config) else ()
     for arg in config.hydra.overrides.task:
         key = arg.split("=", 1)[0].lstrip("+~")
         if key in searched:
             problems.append(
                 f"{arg} fixes a key the loader sweep searches: drop it from the command line"
-                " (to start from a preset, select it with loader=<name>)"
+                " (to start from a preset, select it with loader=<name>"
+                + (
+                    "; to keep the threads as they are, sweep.search_threads=false)"
+                    if key in THREADS
+                    else ")"
+                )
             )
     if problems:
         raise ConfigError("invalid sweep:\n  - " + "\n  - ".join(problems))
@@ -678,8 +710,14 @@ class LoaderSweep(Callback):
                 )
         earlier = len(study.trials)
         if earlier == 0:
+            # the seeds run PyTorch's thread counts; the search moves them from there
+            threads = (
+                {"loader.worker_threads": 1, "loader.main_threads": max(thread_choices())}
+                if search_threads(config)
+                else {}
+            )
             for workers in seed_workers(config):
-                study.enqueue_trial({"loader.num_workers": workers})
+                study.enqueue_trial({"loader.num_workers": workers, **threads})
         measure_ceilings(config)
         self._phases.done("ceilings")
         log.info(
@@ -894,4 +932,5 @@ class LoaderSweep(Callback):
 def preset_values(loader: dict, with_batch_size: bool) -> dict:
     """The keys a preset records: the worker settings (and batch size if it was tuned)."""
     keys = [k for k in PRESET_KEYS if k != "batch_size" or with_batch_size]
-    return {k: loader[k] for k in keys if k in loader}
+    unset = {"worker_threads", "main_threads"}  # null: the defaults; say nothing
+    return {k: loader[k] for k in keys if k in loader and not (k in unset and loader[k] is None)}
