@@ -123,6 +123,14 @@ def test_typos_and_wrong_types_fail_at_composition(compose, override, key):
         (["loader.worker_threads=2"], "loader.worker_threads=2 applies to worker processes"),
         (["loader.num_workers=2", "loader.worker_threads=0"], "loader.worker_threads=0 must be"),
         (["loader.main_threads=0"], "loader.main_threads=0 must be at least 1"),
+        (
+            [
+                "loader.num_workers=2",
+                "loader.multiprocessing_context=fork",
+                "loader.worker_threads=2",
+            ],
+            "loader.worker_threads=2 with fork workers: OpenMP's thread pool does not survive",
+        ),
     ],
 )
 def test_bad_values_are_refused_before_anything_runs(compose, overrides, message):

@@ -54,6 +54,15 @@ def _loader_problems(loader: DictConfig) -> Iterable[str]:
         yield f"loader.timeout={loader.timeout} must be 0 (wait forever) or positive (seconds)"
     if loader.prefetch_factor is not None and loader.prefetch_factor < 1:
         yield f"loader.prefetch_factor={loader.prefetch_factor} must be at least 1, or null"
+    threads = loader.get("worker_threads")
+    if loader.num_workers > 0 and threads and threads > 1 and start_method(loader) == "fork":
+        # measured: a forked worker's first parallel matmul never returned (torch 2.14, Linux)
+        yield (
+            f"loader.worker_threads={threads} with fork workers: OpenMP's thread pool does"
+            " not survive fork, so a forked worker that runs more than one thread after the"
+            " main process has used its own hangs. Use loader.multiprocessing_context="
+            "forkserver (or spawn), or loader.worker_threads=1"
+        )
     if loader.num_workers == 0:
         fix = "set loader.num_workers > 0, or drop it"
         if loader.prefetch_factor is not None:

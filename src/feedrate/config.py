@@ -50,7 +50,8 @@ class Optimizer(Enum):
 
 @dataclass
 class LoaderConfig:
-    """``torch.utils.data.DataLoader`` arguments, under the DataLoader's own names.
+    """``torch.utils.data.DataLoader`` arguments, under the DataLoader's own names, and the
+    thread counts of its workers and of the training process.
 
     ``pin_memory: null`` lets the hardware profile decide (pinned on CUDA, off on CPU).
     ``prefetch_factor: null`` is PyTorch's own default (2 per worker when there are workers).
@@ -66,9 +67,10 @@ class LoaderConfig:
     timeout: float = 0.0
     drop_last: bool = False
     shuffle: bool = True
-    # Intra-op threads of each worker (null: PyTorch's 1) and of the main process while it
-    # trains (null: hardware.torch_threads). On a CPU host the model and the workers share the
-    # cores, so how they split them is tuned with the workers and travels in the preset.
+    # Intra-op threads of each worker (null: PyTorch's 1; more only with forkserver or spawn:
+    # forked workers hang) and of the main process while it trains (null:
+    # hardware.torch_threads). On a CPU host the model and the workers share the cores, so how
+    # they split them is tuned with the workers and travels in the preset.
     worker_threads: int | None = None
     main_threads: int | None = None
 

@@ -161,7 +161,10 @@ def _run(
         hw.pin_memory,
     )
     torch.manual_seed(cfg.trainer.seed)
-    threads = cfg.loader.main_threads or cfg.hardware.torch_threads  # the preset's, if it says
+    # The preset's share of the machine for training (split between the ranks on it, as its
+    # workers are), else the hardware profile's threads
+    threads = distributed.workers_per_rank(cfg.loader.main_threads or 0, ranks)
+    threads = threads or cfg.hardware.torch_threads
     if threads:
         torch.set_num_threads(threads)
     torch.backends.cudnn.benchmark = hw.cudnn_benchmark

@@ -1,4 +1,5 @@
-"""The DataLoader, built from ``cfg.loader`` (plain data under the DataLoader's own names)."""
+"""The DataLoader, built from ``cfg.loader`` (plain data under the DataLoader's own names,
+and ``worker_threads``, which the workers' init function applies)."""
 
 from __future__ import annotations
 

@@ -52,8 +52,11 @@ def collect_search(sweep_dir: Path) -> list[TrialResult]:
 
 def _params(overrides: list[str], metrics: dict) -> dict:
     """Loader parameters of a trial: as run (metrics.json) when it ran, else from overrides."""
-    ran = metrics.get("run", {}).get("loader", {}) if metrics else {}
+    run = metrics.get("run", {}) if metrics else {}
+    ran = run.get("loader", {})
     out = {k: ran.get(k) for k in PARAMS if k in ran}
+    if run.get("torch_threads") is not None:  # what the main process ran, preset or not
+        out["main_threads"] = run["torch_threads"]
     for o in overrides:
         key, _, value = o.partition("=")
         if key.startswith("loader.") and key[7:] in PARAMS and key[7:] not in out:

@@ -134,28 +134,35 @@ def loader_search_space(cfg: DictConfig, trial: optuna.trial.Trial) -> None:
 
     ``num_workers`` is log-uniform from 1 to :func:`max_workers`; the worker-only parameters are
     always suggested with it, so every trial states them all and none is inherited from the
-    preset the sweep started from. ``num_workers=0`` is PyTorch's default, measured as a
-    baseline. ``pin_memory`` is searched only when there is a CUDA device to pin for.
+    preset the sweep started from (the thread counts, when not searched, are). ``num_workers=0``
+    is PyTorch's default, measured as a baseline. ``pin_memory`` is searched only when there is
+    a CUDA device to pin for; the threads only where :func:`search_threads` says.
     """
     trial.suggest_int("loader.num_workers", 1, max_workers(cfg), log=True)
     trial.suggest_int("loader.prefetch_factor", 1, 8, log=True)
     if not cfg.trainer.stream:  # streaming has no epoch ends, where persistence pays off
         trial.suggest_categorical("loader.persistent_workers", [True, False])
-    trial.suggest_categorical("loader.multiprocessing_context", start_methods(cfg))
+    context = trial.suggest_categorical("loader.multiprocessing_context", start_methods(cfg))
     if torch.cuda.is_available():
         trial.suggest_categorical("loader.pin_memory", [True, False])
     if cfg.sweep.tune_batch_size:
         trial.suggest_categorical("loader.batch_size", list(cfg.sweep.batch_sizes))
     if search_threads(cfg):
-        choices = thread_choices()
-        trial.suggest_categorical("loader.worker_threads", choices)
-        trial.suggest_categorical("loader.main_threads", choices)
+        trial.suggest_int("loader.main_threads", 1, max_threads(), log=True)
+        if context != "fork":  # forked workers hang on more than one thread: checks.py
+            trial.suggest_int("loader.worker_threads", 1, max_threads(), log=True)
 
 
-def thread_choices() -> list[int]:
-    """1, 2, 4, ... up to the usable cores (and they)."""
-    cores = max(1, int(hardware.usable_cores()))
-    return sorted({*(2**k for k in range(cores.bit_length()) if 2**k <= cores), cores})
+def max_threads() -> int:
+    """Upper bound of the thread counts searched: the usable cores, or PyTorch's own default
+    where that is more (it counts the machine's cores, not this job's share)."""
+    return max(1, int(hardware.usable_cores()), torch.get_num_threads())
+
+
+def default_threads() -> dict[str, int]:
+    """PyTorch's thread counts: one a worker, its default in the main process
+    (``OMP_NUM_THREADS`` if set)."""
+    return {"loader.worker_threads": 1, "loader.main_threads": torch.get_num_threads()}
 
 
 def search_threads(cfg: DictConfig) -> bool:
@@ -411,10 +418,10 @@ CEILINGS_FILE = "ceilings.json"
 
 
 def measure_ceilings(config: DictConfig) -> ceiling.Ceiling | None:
-    """Loader-only (8 workers a core: past the peak of CPU-bound decoding, near that of
-    latency-bound reads) and compute-only, a few seconds each, before the search: the
-    applicable ceiling goes to ``<sweep dir>/ceilings.json``, where the trial launcher reads it
-    to stop the search near it. None when it does not apply."""
+    """Loader-only (the better of the lowest and the highest seed: CPU-bound decoding peaks
+    near the cores, latency-bound reads far past them) and compute-only, a few seconds each,
+    before the search: the applicable ceiling goes to ``<sweep dir>/ceilings.json``, where the
+    trial launcher reads it to stop the search near it. None when it does not apply."""
     measure = getattr(config.trainer.measure, "value", config.trainer.measure)
     if not config.sweep.measure_ceilings or config.objective != "samples_per_sec":
         return None
@@ -428,15 +435,20 @@ def measure_ceilings(config: DictConfig) -> ceiling.Ceiling | None:
     script = Path(sys.argv[0]).resolve()
     out = Path(config.hydra.sweep.dir) / "ceilings"
     timeout = config.hydra.launcher.timeout_s
-    cores = max(1, int(hardware.usable_cores()))
-    workers = min(max_workers(config), 8 * cores)
     base = _base_args(config)  # sweep=loader among them: the trials' own measurement
-    loader = run_trial(
-        script,
-        [*base, "trainer.measure=loader", f"loader.num_workers={workers}"],
-        out / "loader",
-        timeout,
-    )
+    seeds = seed_workers(config)
+    at = {
+        n: run_trial(
+            script,
+            [*base, "trainer.measure=loader", f"loader.num_workers={n}"],
+            out / f"loader_{n}",
+            timeout,
+        )
+        for n in sorted({seeds[0], seeds[-1]})
+    }
+    measured = {n: r for n, r in at.items() if r.ok}
+    workers = max(measured, key=lambda n: measured[n].value) if measured else seeds[-1]
+    loader = at[workers]
     compute = run_trial(script, [*base, "trainer.measure=compute"], out / "compute", timeout)
     (Path(config.hydra.sweep.dir) / CEILINGS_FILE).unlink(missing_ok=True)
     if not (loader.ok and compute.ok):
@@ -571,21 +583,6 @@ class SweepFailed(FeedrateError):
     exit_code = 1
 
 
-def _search_run(search: list[TrialResult], params: list[str]) -> TrialResult | None:
-    """This session's search run of these parameters, if it measured its whole window (not
-    ended early by ``trainer.abandon_below``, nor cut short before its warm-up was over)."""
-    for r in search:
-        warm = r.metrics.get("warmup") or {}
-        if (
-            r.ok
-            and set(params) <= set(r.overrides)
-            and not r.metrics.get("abandoned")
-            and not warm.get("cut_short")
-        ):
-            return r
-    return None
-
-
 def _failure_summary(search: list[TrialResult]) -> str:
     reasons: dict[str, int] = {}
     for r in search:
@@ -607,7 +604,7 @@ SEARCHED = (
     "loader.multiprocessing_context",
     "loader.pin_memory",
 )
-THREADS = ("loader.worker_threads", "loader.main_threads")
+THREADS = ("loader.worker_threads", "loader.main_threads", "hardware.torch_threads")
 
 
 def check_sweep(config: DictConfig) -> None:
@@ -711,11 +708,11 @@ class LoaderSweep(Callback):
         earlier = len(study.trials)
         if earlier == 0:
             # the seeds run PyTorch's thread counts; the search moves them from there
-            threads = (
-                {"loader.worker_threads": 1, "loader.main_threads": max(thread_choices())}
-                if search_threads(config)
-                else {}
-            )
+            threads = {}  # the seeds run PyTorch's thread counts
+            if search_threads(config):
+                threads = default_threads()
+                if "fork" in start_methods(config):  # searched only for other start methods
+                    del threads["loader.worker_threads"]
             for workers in seed_workers(config):
                 study.enqueue_trial({"loader.num_workers": workers, **threads})
         measure_ceilings(config)
@@ -763,9 +760,10 @@ class LoaderSweep(Callback):
         phases.done("final")
         decision = decide(contestants)
         log.info("decision: %s", decision.reason)
+        write_decision(sweep_dir, decision)  # kept if the gap's run is interrupted
         gap = measure_gap(config, decision.winner, sweep_dir)
         phases.done("gap")
-        log.info("the sweep took %s", phases.describe())
+        log.info("the sweep's phases took %s", phases.describe())
         write_decision(sweep_dir, decision, phases.seconds)
 
         name = config.sweep.preset_name
@@ -803,12 +801,7 @@ class LoaderSweep(Callback):
                 continue
             seen.add(key)
             params = [f"{k}={v}" for k, v in t.params.items()]
-            finalist = Contestant(f"trial {t.number}", [*args, *params], False)
-            same_window = config.sweep.final_seconds == config.trainer.max_seconds
-            run = _search_run(search, params) if same_window else None
-            if run is not None:  # measured as a final run would be: it counts as round 1
-                finalist.results.append(run)
-            contestants.append(finalist)
+            contestants.append(Contestant(f"trial {t.number}", [*args, *params], False))
             if len(seen) >= config.sweep.finalists:
                 break
         return contestants
@@ -817,8 +810,8 @@ class LoaderSweep(Callback):
         self, config: DictConfig, contestants: list[Contestant], out: Path
     ) -> list[Contestant]:
         """Alternating rounds of every contestant; after the first, contestants that ran the
-        same resolved settings are one (measured once from then on). A finalist whose search
-        run measured as a final run does has its round 1 already. Returns those left."""
+        same resolved settings are one (measured once from then on). A finalist's search run
+        is not one of them: chosen for being high, it is biased high. Returns those left."""
         from tqdm import tqdm
 
         script = Path(sys.argv[0]).resolve()
@@ -831,11 +824,6 @@ class LoaderSweep(Callback):
             # Alternate, and reverse every other round, so drift hits everyone alike.
             live = [c for c in contestants if not c.dropped]
             for c in live if r % 2 == 0 else live[::-1]:
-                if r == 0 and c.results:
-                    shown = f"{c.results[0].value:,.1f} samples/s (its search run)"
-                    bar.write(f"final round 1/{rounds}: {c.name:>12} -> {shown}")
-                    bar.update(1)
-                    continue
                 slug = c.name.replace(" ", "_")
                 res = run_trial(script, [*c.overrides, *longer], out / f"round{r}_{slug}", timeout)
                 c.results.append(res)
@@ -902,7 +890,8 @@ class LoaderSweep(Callback):
             + " ".join(winner.ok_result().overrides),
             "Re-run the sweep afresh (a new study): python train.py -m "
             + " ".join([*afresh, *_hydra_args(config), f"sweep.study_dir={fresh}"]),
-            "Plain data: the DataLoader's own arguments on top of loader/default.yaml.",
+            "Plain data: the DataLoader's own arguments (and thread counts) on top of"
+            " loader/default.yaml.",
             *(
                 [
                     "persistent_workers: true, measured streaming (no epoch ends): keeping"
@@ -932,5 +921,11 @@ class LoaderSweep(Callback):
 def preset_values(loader: dict, with_batch_size: bool) -> dict:
     """The keys a preset records: the worker settings (and batch size if it was tuned)."""
     keys = [k for k in PRESET_KEYS if k != "batch_size" or with_batch_size]
-    unset = {"worker_threads", "main_threads"}  # null: the defaults; say nothing
-    return {k: loader[k] for k in keys if k in loader and not (k in unset and loader[k] is None)}
+    # PyTorch's own thread counts go unsaid: a preset moved to a bigger machine gets its default
+    return {k: loader[k] for k in keys if k in loader and not _default_threads(k, loader[k])}
+
+
+def _default_threads(key: str, value: Any) -> bool:
+    if key not in ("worker_threads", "main_threads"):
+        return False
+    return value is None or value == default_threads()[f"loader.{key}"]
