@@ -12,7 +12,9 @@
 #    CPU-capped tuner's pick, the tuned preset and a 16-worker point in 5 alternating rounds,
 #    identical settings as one row, every ratio with its 95% interval (a tie when it includes
 #    1.0); the ceiling that applies with the model on the GPU, min(loader-only, compute-only);
-#    the sweep's finalists against a steady-state run; memory reads on against off.
+#    the sweep's finalists against a steady-state run; memory reads on against off; the tuned
+#    preset against two threads a worker (one is the norm with the model on the GPU, and the
+#    sweep does not search threads there: this row checks that).
 #    Targets: tuned >= 1.3x recipe, tuned >= 0.9 of the ceiling, data wait <= 5% when
 #    compute-bound.
 # Everything lands in $OUT (default benchmarks/results/<date>_<time>_gpu/: a fresh study each

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -115,6 +116,13 @@ def threads_variant(preset: dict) -> tuple[str, list[str]] | None:
     if preset.get("worker_threads") or preset.get("main_threads"):
         return f"{THREADS}default", ["loader.worker_threads=null", "loader.main_threads=null"]
     if preset.get("num_workers"):
+        method = preset.get("multiprocessing_context") or multiprocessing.get_start_method()
+        if method == "fork":  # forked workers hang on two threads: forkserver, which only
+            # changes the start-up the warm-up leaves out
+            return f"{THREADS}2_per_worker_forkserver", [
+                "loader.multiprocessing_context=forkserver",
+                "loader.worker_threads=2",
+            ]
         return f"{THREADS}2_per_worker", ["loader.worker_threads=2"]
     return None
 
@@ -383,9 +391,11 @@ def compare(rows: list[dict]) -> dict | None:
 
 
 def _threads_text(variant: str) -> str:
-    return {"default": "PyTorch's threads", "2_per_worker": "2 threads a worker"}.get(
-        variant, variant
-    )
+    return {
+        "default": "PyTorch's threads",
+        "2_per_worker": "2 threads a worker",
+        "2_per_worker_forkserver": "2 threads a forkserver worker",
+    }.get(variant, variant)
 
 
 def _label(res: dict, name: str) -> str:
