@@ -25,6 +25,18 @@ WHY = {
 }
 
 
+STOP, BEYOND = "stop", "beyond"
+
+
+def near(value: float, limit: float, within: float) -> str | None:
+    """``STOP`` when ``value`` is within ``within`` of ``limit``; ``BEYOND`` when it is above
+    by more: the limit does not hold for this workload (on a shared CPU, workers waiting on
+    I/O leave cores the step uses), so it cannot say when to stop searching; else None."""
+    if value > limit * (1 + within):
+        return BEYOND
+    return STOP if value >= limit * (1 - within) else None
+
+
 def kind_of(device: str, measure: str) -> str:
     """Which ceiling applies to a run on ``device`` (``cuda:0``, ``cpu``) measuring ``measure``."""
     if measure == "loader":

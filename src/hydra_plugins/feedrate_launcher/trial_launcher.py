@@ -144,8 +144,21 @@ class FeedrateTrialLauncher(Launcher):
             self._ceiling_read = True
         if self._ceiling is None or self.stop_reason:
             return
+        from feedrate import ceiling
+
         reach = value / self._ceiling.value
-        if reach >= 1 - config.sweep.stop_within:
+        verdict = ceiling.near(value, self._ceiling.value, config.sweep.stop_within)
+        if verdict == ceiling.BEYOND:
+            log.info(
+                "trial %d reaches %.2f of the ceiling (%s): the ceiling does not hold for this"
+                " workload (the workers and the step overlap), so it cannot end the search;"
+                " hydra.sweeper.n_trials does",
+                idx,
+                reach,
+                self._ceiling.describe(),
+            )
+            self._ceiling = None
+        elif verdict == ceiling.STOP:
             self.stop_reason = (
                 f"trial {idx} reaches {reach:.2f} of what this machine allows"
                 f" ({self._ceiling.describe()}); stopping the search"
