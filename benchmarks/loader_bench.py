@@ -520,6 +520,7 @@ TARGETS = {
         "tuned/ceiling": 0.9,
     },
     "synthetic": {"tuned/best_grid": 0.9, "tuned/ceiling": 0.9},
+    "unseen": {"tuned/best_grid": 0.9, "tuned/ceiling": 0.9},
     "photos": {
         "tuned/recipe": NOT_WORSE,
         "tuned/default": NOT_WORSE,
