@@ -10,10 +10,11 @@ For each workload, in one run on one machine:
    configuration a CPU-capped tuner picks (`num_workers` = cores, persistent workers), the tuned
    preset and a `num_workers` grid. After the first round, contestants whose resolved DataLoader
    settings are identical are one row (`tuned = cpu_capped`), measured once from then on;
-3. measures the two ceilings, each alone with all cores: loader-only (`trainer.measure=loader`,
-   the best of the grid and the tuned preset, then that one every round) and compute-only
-   (`trainer.measure=compute`), and applies the one that fits where the model runs: on a GPU,
-   min(loader, compute); on the CPU the loader uses, the shared-core rate 1/(1/L + 1/C);
+3. measures the two ceilings in the same rounds, each alone with all cores: loader-only
+   (`trainer.measure=loader`, the best of the grid and the tuned preset, then that one every
+   round) and compute-only (`trainer.measure=compute`), and applies the one that fits where the
+   model runs: on a GPU, min(loader, compute); on the CPU the loader uses, the shared-core rate
+   1/(1/L + 1/C);
 4. checks that the sweep's short trials measured steady state: for every finalist and three
    other trials, the trial's figure beside a `--steady-seconds` run of the same settings;
 5. checks that reading memory does not cost the measurement: the tuned preset with
@@ -181,7 +182,27 @@ def is_loader_only(workload: str, extra: list[str]) -> bool:
     return "trainer.measure=loader" in [*WORKLOADS[workload], *extra]
 
 
-def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) -> dict:
+class Budget:
+    """``--budget``: no round starts that the seconds left cannot finish, so a machine lent for
+    a fixed time still ends with tables (fewer rounds, said so) rather than being cut off."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds, self.start = seconds, time.monotonic()
+        self.longest = 0.0  # the longest run so far, the estimate of the next ones
+
+    def left(self) -> float:
+        return float("inf") if self.seconds is None else self.seconds - self.elapsed()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def fits(self, runs: int) -> bool:
+        return self.longest * runs <= self.left()
+
+
+def measure_all(
+    workload: str, out: Path, args: argparse.Namespace, cores: int, budget: Budget
+) -> dict:
     base = [*WORKLOADS[workload], *MEASURE, *args.extra]
     runs = contestants(preset_name(workload, args), cores)
     grid = grid_points(args.grid, args.prefetch)
@@ -190,15 +211,21 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
     loader_only = is_loader_only(workload, args.extra)
 
     def measure(round_: int, name: str, overrides: list[str], seconds: float = args.seconds):
+        t0 = time.monotonic()
         res = run_trial(
             script,
             [*base, f"trainer.max_seconds={seconds}", *overrides],
             out / workload / f"r{round_}_{name}",
             300,
         )
-        rows.append(_record(out, workload, round_, name, res))
+        wall = time.monotonic() - t0
+        budget.longest = max(budget.longest, wall)
+        rows.append(_record(out, workload, round_, name, res, wall))
         shown = f"{res.value:,.1f}" if res.ok else f"FAILED {res.reason}"
-        print(f"[{workload}] round {round_ + 1}/{args.repeats} {name:>22}: {shown}", flush=True)
+        print(
+            f"[{workload}] round {round_ + 1}/{args.repeats} {name:>22}: {shown} ({wall:.0f} s)",
+            flush=True,
+        )
 
     # The plain grid, each point once in a long steady-state window; its best point then
     # runs in the rounds beside the others
@@ -212,23 +239,35 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
     # Reading memory must not cost the measurement: the tuned preset with it off, beside it;
     # and the threads the sweep tuned (or left alone) against the other choice
     tuned = runs["tuned"]
-    variant = threads_variant(
-        read_preset(ROOT / "conf" / "loader" / f"{preset_name(workload, args)}.yaml")
-    )
-    threads = {variant[0]: [*tuned, *variant[1]]} if variant else {}
-    runs = {"tuned": tuned, MEMORY_OFF: [*tuned, NO_MEMORY_READS], **threads, **runs}
+    side = {}
+    if args.side_rows:
+        variant = threads_variant(
+            read_preset(ROOT / "conf" / "loader" / f"{preset_name(workload, args)}.yaml")
+        )
+        side = {MEMORY_OFF: [*tuned, NO_MEMORY_READS]}
+        if variant:
+            side[variant[0]] = [*tuned, *variant[1]]
+    runs = {"tuned": tuned, **side, **runs}
     # Round 1: everyone; then one row per resolved configuration.
     for name, overrides in runs.items():
         measure(0, name, overrides)
     alias = merge_rows(rows)
     for name, twin in alias.items():
         print(f"[{workload}] {twin} = {name}: same settings, measured as one from now on")
-    live = [n for n in runs if n not in alias]
-    for r in range(1, args.repeats):
-        for name in live if r % 2 == 0 else live[::-1]:
-            measure(r, name, runs[name])
+    live = {n: runs[n] for n in runs if n not in alias}
+    # The ceilings, each alone with all the cores, in the same rounds as the contestants
     if not loader_only:
-        measure_ceilings(rows, {**grid, **runs}, measure, args)
+        live |= first_ceilings(rows, {**grid, **runs}, measure)
+    for r in range(1, args.repeats):
+        if not budget.fits(len(live)):
+            print(
+                f"[{workload}] stopped after {r} rounds: {budget.left():.0f} s of the budget"
+                f" left, a round takes up to {budget.longest * len(live):.0f} s",
+                flush=True,
+            )
+            break
+        for name in list(live) if r % 2 == 0 else list(live)[::-1]:
+            measure(r, name, live[name])
 
     res = compare(rows)
     if res is None:
@@ -240,27 +279,29 @@ def measure_all(workload: str, out: Path, args: argparse.Namespace, cores: int) 
     return res
 
 
-def measure_ceilings(rows: list[dict], runs: dict, measure, args: argparse.Namespace) -> None:
-    """Loader-only at its best (the tuned preset and the grid's worker counts at their best
-    prefetch once, then the best of them every round) and compute-only, alternating; each
-    alone with all the cores."""
+def first_ceilings(rows: list[dict], runs: dict, measure) -> dict[str, list[str]]:
+    """Loader-only at the tuned preset and at the grid's worker counts (each at its best
+    prefetch), and compute-only, once; returns the runs that measure the best loader-only and
+    compute-only in every later round."""
     per_workers: dict[int, dict] = {}
     for r in rows:
         if r["name"].startswith("grid_") and r["status"] == "ok" and r.get("settings"):
             n = r["settings"]["num_workers"]
             if n and r["samples_per_sec"] > per_workers.get(n, {}).get("samples_per_sec", 0):
                 per_workers[n] = r
-    for name in ["tuned", *(r["name"] for r in per_workers.values())]:
-        measure(0, f"{CEILING}loader_{name}", [*runs[name], "trainer.measure=loader"])
-    firsts = [r for r in rows if r["name"].startswith(f"{CEILING}loader_") and r["status"] == "ok"]
-    best = max(firsts, key=lambda r: r["samples_per_sec"])["name"] if firsts else None
-    compute = ["loader=default", "trainer.measure=compute"]
-    measure(0, f"{CEILING}compute", compute)
-    for r in range(1, args.repeats):
-        if best is not None:
-            source = best.removeprefix(f"{CEILING}loader_")
-            measure(r, best, [*runs[source], "trainer.measure=loader"])
-        measure(r, f"{CEILING}compute", compute)
+    loader = {
+        f"{CEILING}loader_{name}": [*runs[name], "trainer.measure=loader"]
+        for name in ["tuned", *(r["name"] for r in per_workers.values())]
+    }
+    for name, overrides in loader.items():
+        measure(0, name, overrides)
+    compute = {f"{CEILING}compute": ["loader=default", "trainer.measure=compute"]}
+    measure(0, *next(iter(compute.items())))
+    firsts = [r for r in rows if r["name"] in loader and r["status"] == "ok"]
+    if not firsts:
+        return compute
+    best = max(firsts, key=lambda r: r["samples_per_sec"])["name"]
+    return {best: loader[best], **compute}
 
 
 def merge_rows(rows: list[dict]) -> dict[str, str]:
@@ -482,7 +523,9 @@ def _target_text(target) -> str:
     return "not significantly worse" if target == NOT_WORSE else f">= {target}"
 
 
-def _record(out: Path, workload: str, round_: int, name: str, res: TrialResult) -> dict:
+def _record(
+    out: Path, workload: str, round_: int, name: str, res: TrialResult, wall: float | None = None
+) -> dict:
     """Append a run's figure to runs.jsonl as it lands, and return it: a benchmark cut short by
     a time limit still leaves every figure it measured."""
     m = res.metrics if res.ok else {}
@@ -498,6 +541,7 @@ def _record(out: Path, workload: str, round_: int, name: str, res: TrialResult) 
         "measure": "loader" if m and m.get("final_loss") is None else None,
         "settings": resolved_settings(m, stream=True) if m else None,
         "warmup": m.get("warmup"),
+        "wall_s": wall,  # the whole process: start-up, warm-up, window, teardown
         "status": res.status,
         "reason": res.reason,
     }
@@ -776,6 +820,20 @@ def main() -> int:
     parser.add_argument(
         "--extra", nargs="*", default=[], help="overrides for every run, the sweep's included"
     )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start no round that would end past this many seconds (a machine lent for a"
+        " fixed time): fewer rounds, said so, rather than no tables",
+    )
+    parser.add_argument(
+        "--no-side-rows",
+        dest="side_rows",
+        action="store_false",
+        help="leave out the rows that are not contestants (memory reads off, other threads)",
+    )
     parser.add_argument("--sweep-extra", nargs="*", default=[], help="overrides for the sweep only")
     parser.add_argument(
         "--preset-name", default=None, help="the preset the sweep writes (default bench_<workload>)"
@@ -799,12 +857,13 @@ def main() -> int:
     print(f"machine: {fp.short()}\noutput: {out}", flush=True)
 
     results, sweep_seconds, fidelity = {}, {}, {}
+    budget = Budget(args.budget)
     for workload in args.workloads:
         if not args.skip_sweep:
             sweep_seconds[workload] = run_sweep(workload, out, args)
             if args.steady_seconds > 0:
                 fidelity[workload] = measure_fidelity(workload, out, args)
-        results[workload] = measure_all(workload, out, args, cores)
+        results[workload] = measure_all(workload, out, args, cores, budget)
 
     print(
         "\n== results (median samples/s over the rounds; ratios: median ratio [95% bootstrap"
@@ -835,6 +894,7 @@ def main() -> int:
         "extra": args.extra,
         "seconds_per_run": args.seconds,
         "steady_seconds": args.steady_seconds,
+        "budget_seconds": args.budget,
         "sweep_seconds": sweep_seconds,
         "results": results,
         "fidelity": fidelity,
