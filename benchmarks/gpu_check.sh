@@ -9,11 +9,11 @@
 #    memory; CUDA touched before fork is named);
 # 3. the loader benchmark on hardware=h200, photos at 224 px, ResNet-50 in bf16, by the same
 #    rules as on the CPU (make bench): a loader sweep from scratch (ceilings first, the seeds,
-#    one finalist against the baselines in 5 rounds) that writes conf/loader/$PRESET.yaml; then
-#    PyTorch's default, the recipe, a CPU-capped tuner's pick (16 workers), the tuned preset
-#    and a 32-worker, prefetch-4 point in 5 alternating rounds with the two ceilings, identical
-#    settings as one row, every ratio with its 95% interval (a tie when it includes 1.0); the
-#    ceiling that applies with the model on the GPU, min(loader-only, compute-only).
+#    one finalist against the baselines in 5 rounds) that writes conf/loader/$PRESET.yaml;
+#    then PyTorch's default, the recipe, a CPU-capped tuner's pick (16 workers), the tuned
+#    preset and a 32-worker, prefetch-4 point in alternating rounds with the two ceilings,
+#    identical settings as one row, every ratio with its 95% interval (a tie when it includes
+#    1.0); the ceiling that applies with the model on the GPU, min(loader-only, compute-only).
 #    Targets: tuned >= 1.3x recipe, tuned >= 0.9 of the ceiling, data wait <= 5% when
 #    compute-bound. The side rows of make bench (memory reads off, other thread counts) and
 #    the trial-vs-steady-state check are left out to fit the budget.
@@ -23,6 +23,13 @@
 # `python benchmarks/loader_bench.py --summarise $OUT` rebuilds the tables of a stage cut short.
 # Everything lands in $OUT (default benchmarks/results/<date>_<time>_gpu/: a fresh study each
 # time), ready to commit with the preset.
+#
+# What fits (measured on one H200 with 16 cores, benchmarks/results/2026-11-30_h200-16core):
+# each run of ResNet-50 takes 13-20 s for its 2 s window (start-up, CUDA, cuDNN autotuning,
+# the worker backlog drained), so in 570 s the sweep (~6 min) leaves the benchmark one round
+# (figures, no claims).
+# FEEDRATE_GPU_SKIP_SWEEP=1 measures a preset already in conf/loader/$PRESET.yaml (the one a
+# first call wrote, committed) instead, in up to 5 rounds.
 #
 # FEEDRATE_GPU_CHECK=smoke runs the same stages shrunk to a CPU and a few minutes (the test
 # suite does, so the script is known to work before a GPU is at hand).
@@ -44,6 +51,7 @@ if [[ "${FEEDRATE_GPU_CHECK:-}" == smoke ]]; then
     BUDGET=${FEEDRATE_GPU_BUDGET:-1100}
 else
     EXTRA=(model=resnet50 hardware=h200)
+    # one finalist (make bench: two) so the sweep fits: its search runs, one each, decide
     SWEEP_EXTRA=(hydra.sweeper.n_trials=3 sweep.finalists=1 sweep.final_seconds=2
                  sweep.max_workers=64)
     BENCH=(--repeats 5 --seconds 2 --grid 32 --prefetch 4 --grid-seconds 3
@@ -79,7 +87,7 @@ fi
 stage "3/3 loader benchmark (sweep, contestants, ceilings)"
 # the benchmark ends its last round 20 s before the script's budget; the timeout is a backstop
 timeout "$(left)" "$PY" benchmarks/loader_bench.py --workloads gpu "${BENCH[@]}" \
-    --budget "$(( $(left) - 20 ))" \
+    --budget "$(( $(left) - 20 ))" ${FEEDRATE_GPU_SKIP_SWEEP:+--skip-sweep} \
     --preset-name "$PRESET" --extra "${EXTRA[@]}" --sweep-extra "${SWEEP_EXTRA[@]}" \
     --out "$OUT" 2>&1 | tee "$OUT/bench.log"
 cp "conf/loader/$PRESET.yaml" "$OUT/"

@@ -463,6 +463,35 @@ def test_cuda_in_a_forked_worker_is_named_with_the_fix():
     assert "loader.multiprocessing_context=spawn" in str(named)
 
 
+class CudaAfterFork(Exploding):
+    """Every sample fails in a worker as a forked worker that touches CUDA does (PyTorch's own
+    words); the main process, where CUDA works, reads them."""
+
+    def __getitem__(self, i):
+        if torch.utils.data.get_worker_info() is None:
+            return super().__getitem__(i % 5)
+        raise RuntimeError(
+            "Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing,"
+            " you must use the 'spawn' start method"
+        )
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_cuda_in_a_forked_worker_is_not_blamed_on_a_sample_nor_skipped(tmp_path, on_error):
+    # Seen on an H200: the sample guard wrapped this error as "sample 0 could not be loaded",
+    # hiding the start method behind it; with on_error=skip every sample would be dropped.
+    proc = run_cli(
+        *shrink(["dataset=custom", "dataset._target_=tests.test_faults.CudaAfterFork"]),
+        "loader.num_workers=2",
+        f"dataset.on_error={on_error}",
+        f"hydra.run.dir={tmp_path}",
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-2000:]
+    assert "CUDA was initialised before the DataLoader forked its workers" in out
+    assert "could not be loaded" not in out and "Traceback" not in out
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_before_fork_is_named_on_a_gpu(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib.metadata
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -36,6 +37,7 @@ from feedrate.sweep import (
     max_workers,
     merge_identical,
     search_threads,
+    seed_settings,
     seed_workers,
 )
 from feedrate.trial import TrialResult, run_trial
@@ -178,6 +180,23 @@ def test_preset_names_cannot_leave_the_loader_directory(tmp_path, name):
 
 # ---------------------------------------------------------------------------------------------
 # Search bounds and the memory guard
+
+
+def test_the_seeds_share_the_starting_loader_and_the_profiles_pinning(compose, monkeypatch):
+    cfg = compose("sweep=loader", "sweep.preset_name=x")
+    assert seed_settings(cfg) == {
+        "loader.prefetch_factor": 2,  # PyTorch's, where the loader sets none
+        "loader.multiprocessing_context": multiprocessing.get_start_method(),
+    }, "streaming: persistent_workers is not searched; no CUDA: nor is pinning"
+    cfg = compose("sweep=loader", "sweep.preset_name=x", "loader=recipe", "trainer.stream=false")
+    assert seed_settings(cfg)["loader.persistent_workers"] is True
+    monkeypatch.setattr("feedrate.sweep.torch.cuda.is_available", lambda: True)
+    cfg = compose("sweep=loader", "sweep.preset_name=x", "hardware=h200")
+    assert seed_settings(cfg)["loader.pin_memory"] is True, "the gpu profile pins"
+    cfg = compose(
+        "sweep=loader", "sweep.preset_name=x", "hardware=h200", "hardware.pin_memory=false"
+    )
+    assert seed_settings(cfg)["loader.pin_memory"] is False
 
 
 def test_worker_bound_is_far_past_the_core_count(monkeypatch):
@@ -465,9 +484,14 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
     # from PyTorch's default; fork workers keep their one thread (more would hang them)
     search = [r for r in rows if r["phase"] == "search"]
     assert search[0]["main_threads"] == str(torch.get_num_threads())
+    # the seeds differ in the worker count alone
+    seeds = search[: len(seed_workers(OmegaConf.create({"sweep": {"max_workers": 4}})))]
+    assert {(r["prefetch_factor"], r["multiprocessing_context"]) for r in seeds} == {("2", "fork")}
     assert all(1 <= int(r["main_threads"]) <= max_threads() for r in search)
     assert {r["worker_threads"] for r in search} == {""}, "not searched, not set"
-    assert {r["name"] for r in rows if r["phase"] == "final 1"} >= {"default", "recipe"}
+    # (a seed with recipe's settings is one row with it: "recipe = trial 1")
+    named = {n for r in rows if r["phase"] == "final 1" for n in r["name"].split(" = ")}
+    assert named >= {"default", "recipe"}
     assert all(float(r["samples_per_sec"]) > 0 for r in rows if r["status"] == "ok")
     assert "trial #" in proc.stdout and "best so far" in proc.stdout  # a line per trial
     assert list((project / "outputs" / "sweeps").glob("loader-tiny-*.db"))

@@ -51,6 +51,10 @@ class RunSplit(Subset):
     user made is part of their dataset, and stays in the paths they are shown)."""
 
 
+# What PyTorch raises in a forked worker that touches CUDA the parent had initialised
+CUDA_AFTER_FORK = "Cannot re-initialize CUDA in forked subprocess"
+
+
 class GuardedDataset(Dataset):
     """The user's dataset, with failures that name their sample.
 
@@ -72,6 +76,8 @@ class GuardedDataset(Dataset):
         try:
             return self.dataset[index]
         except Exception as exc:  # noqa: BLE001 - any failure of user code is reported
+            if CUDA_AFTER_FORK in str(exc):  # every sample would fail: the start method's
+                raise  # fault, named by diagnose(), not this sample's
             if self.on_error == "skip":
                 return None
             raise SampleError(
@@ -186,6 +192,12 @@ def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
         chain.append(link)
         link = link.__cause__ or link.__context__
     text = "\n".join(f"{type(e).__name__}: {e}" for e in reversed(chain))
+    if CUDA_AFTER_FORK in text:
+        return LoaderFailure(
+            "CUDA was initialised before the DataLoader forked its workers, and a worker"
+            " touched CUDA: keep dataset tensors on the CPU (move batches to the device in the"
+            " training loop, as feedrate does), or use loader.multiprocessing_context=spawn"
+        )
     if isinstance(exc, SampleError) or "SampleError" in text:
         lines = [ln for ln in str(exc).splitlines() if "could not be loaded" in ln]
         message = lines[-1].split("SampleError: ", 1)[-1] if lines else str(exc)
@@ -250,12 +262,6 @@ def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
             " (something in the dataset called exit, or the process was ended from outside)."
             " Run with loader.num_workers=0 to load in the main process, where the cause"
             " shows in full"
-        )
-    if "Cannot re-initialize CUDA in forked subprocess" in text:
-        return LoaderFailure(
-            "CUDA was initialised before the DataLoader forked its workers, and a worker"
-            " touched CUDA: keep dataset tensors on the CPU (move batches to the device in the"
-            " training loop, as feedrate does), or use loader.multiprocessing_context=spawn"
         )
     return None
 

@@ -91,6 +91,21 @@ def seed_workers(cfg: DictConfig) -> list[int]:
     return sorted({min(top, k * cores) for k in SEED_LADDER})
 
 
+def seed_settings(cfg: DictConfig) -> dict[str, Any]:
+    """What the seeds share, so they differ in the worker count alone: the loader the sweep
+    started from (prefetch 2 where it sets none) and its start method, pinned as the hardware
+    profile says. Left to chance, one seed ran unpinned on an H200 and won a noisy search run."""
+    loader, methods = cfg.loader, start_methods(cfg)
+    out: dict[str, Any] = {"loader.prefetch_factor": min(8, loader.prefetch_factor or 2)}
+    if not cfg.trainer.stream:
+        out["loader.persistent_workers"] = bool(loader.persistent_workers)
+    context = loader.multiprocessing_context
+    out["loader.multiprocessing_context"] = context if context in methods else methods[0]
+    if torch.cuda.is_available():
+        out["loader.pin_memory"] = bool(cfg.hardware.pin_memory)
+    return out
+
+
 def start_methods(cfg: DictConfig) -> list[str]:
     """The start methods to search: those in ``sweep.start_methods`` that this OS has.
 
@@ -713,8 +728,9 @@ class LoaderSweep(Callback):
                 threads = default_threads()
                 if "fork" in start_methods(config):  # searched only for other start methods
                     del threads["loader.worker_threads"]
+            same = seed_settings(config)
             for workers in seed_workers(config):
-                study.enqueue_trial({"loader.num_workers": workers, **threads})
+                study.enqueue_trial({"loader.num_workers": workers, **same, **threads})
         measure_ceilings(config)
         self._phases.done("ceilings")
         log.info(
