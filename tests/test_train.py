@@ -220,13 +220,13 @@ def test_prefetched_backlog_is_not_reported_as_throughput(compose):
     model = TinyCNN(2, width=4)
     with ResourceMonitor() as monitor:
         result = train(
-            model,
-            _BackloggedLoader(),
-            build_optimizer(cfg.trainer, model),
-            hw,
-            cfg.trainer,
-            monitor,
-            make_input_transform(hw, 3),
+            model=model,
+            loader=_BackloggedLoader(),
+            optimizer=build_optimizer(cfg.trainer, model),
+            hw=hw,
+            cfg=cfg.trainer,
+            monitor=monitor,
+            normalise=make_input_transform(hw, 3),
         )
     streamed = summarise(result.times, 0.1, [], monitor, "CPU", 0.0, 0.0, stream=True)
     assert streamed["consumed_samples_per_sec"] > 1.5 * streamed["produced_samples_per_sec"]

@@ -257,15 +257,15 @@ def _run(
         normalise = make_input_transform(hw, sample.shape[0])
         try:
             result = train(
-                model,
-                loader,
-                optimizer,
-                hw,
-                cfg.trainer,
-                monitor,
-                normalise,
-                resume,
-                checkpoints,
+                model=model,
+                loader=loader,
+                optimizer=optimizer,
+                hw=hw,
+                cfg=cfg.trainer,
+                monitor=monitor,
+                normalise=normalise,
+                resume=resume,
+                checkpoints=checkpoints,
             )
         except (Interrupted, LoaderFailure) as exc:  # they name their cause already
             traceback.clear_frames(exc.__traceback__)  # frames hold the workers' iterator

@@ -1,0 +1,187 @@
+"""The measuring rules of a run, driven by a fake clock: no loader, no model, no device."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from feedrate.config import Measure
+from feedrate.meter import Meter
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Monitor:
+    def __init__(self) -> None:
+        self.windows = 0
+
+    def start_cpu_window(self) -> None:
+        self.windows += 1
+
+    def end_cpu_window(self) -> None:
+        pass
+
+
+def trainer(**over):
+    cfg = {
+        "warmup_steps": 2,
+        "window_steps": 4,
+        "steady_state": False,
+        "max_seconds": None,
+        "abandon_below": None,
+        "stream": False,
+    }
+    return OmegaConf.create({**cfg, **over})
+
+
+class Run:
+    """A meter on a fake clock; each step waits ``wait`` s for its batch and computes for
+    ``compute`` s; the workers have produced ``produced`` samples so far."""
+
+    def __init__(self, total=30, backlog=0, measure=Measure.train, **cfg) -> None:
+        self.clock, self.monitor, self.syncs, self.produced = Clock(), Monitor(), 0, 0
+        self.total = total
+
+        def sync():
+            self.syncs += 1
+
+        self.meter = Meter(
+            trainer(**cfg),
+            total=total,
+            start=0,
+            backlog=backlog,
+            window_steps=cfg.get("window_steps", 4),
+            measure=measure,
+            produced=lambda: self.produced,
+            monitor=self.monitor,
+            sync=sync,
+            clock=self.clock,
+        )
+        self.step = 0
+        self.meter.start(0)
+        self.meter.epoch_started()
+
+    def steps(self, n, wait=0.01, compute=0.04, batch=10, produce=10, **step_args) -> bool:
+        for _ in range(n):
+            self.meter.step_started()
+            self.clock.now += wait
+            self.meter.batch_arrived()
+            self.clock.now += compute
+            self.produced += produce
+            self.step += 1
+            if self.meter.step_done(self.step, batch, **step_args) or self.step >= self.total:
+                return True
+        return False
+
+
+def test_windows_after_the_warm_up_and_a_device_sync_only_at_their_ends():
+    run = Run(total=30)
+    run.steps(30)
+    times = run.meter.times
+    assert len(times.wait_s) == 28, "steps 3 to 30: the clock starts after the 2-step warm-up"
+    assert times.wait_s == pytest.approx([0.01] * 28)
+    assert times.step_s == pytest.approx([0.05] * 28), "end to end: a step starts at the last's end"
+    assert times.samples == 280 and times.elapsed_s == pytest.approx(28 * 0.05)
+    assert times.window_rates == pytest.approx([200.0] * 7)
+    assert run.syncs == 1 + 7, "one to start the clock, one per window: none per step"
+    assert run.monitor.windows == 1, "memory sampled once, before the clock starts"
+
+
+def test_the_steady_state_warm_up_outlasts_the_start_up_backlog():
+    # 12 batches queued at start arrive at once; then the workers' real pace (50 ms a batch)
+    run = Run(total=80, backlog=12, steady_state=True)
+    run.steps(12, wait=0.0)
+    assert run.meter.times.wait_s == [], "the backlog is not measured"
+    run.steps(68, wait=0.05)
+    warm = run.meter.finish()["warmup"]
+    assert warm["steps"] >= 12 and warm["settled"] is True
+    assert run.meter.times.wait_s == pytest.approx([0.05] * len(run.meter.times.wait_s))
+    assert max(run.meter.times.window_rates) == pytest.approx(10 / 0.09)
+
+
+def test_samples_produced_meanwhile_are_counted_to_take_the_lower_of_the_two():
+    # training eats 10 a step while the workers make only 4: a queue drains
+    run = Run(total=30)
+    run.steps(30, produce=4)
+    assert run.meter.times.samples == 280
+    assert run.meter.times.produced == 28 * 4
+
+
+def test_a_checkpoint_closes_the_window_and_measuring_resumes_after_a_fresh_warm_up():
+    run = Run(total=40)
+    run.steps(10)
+    measured = len(run.meter.times.wait_s)
+    run.meter.checkpoint_paused(10)
+    run.clock.now += 5.0  # the save: workers fill their queues meanwhile
+    run.produced += 500
+    run.steps(2, wait=0.0)  # the queued batches, eaten during the re-warm: not measured
+    assert len(run.meter.times.wait_s) == measured
+    run.steps(28)
+    times = run.meter.times
+    assert times.elapsed_s == pytest.approx(len(times.step_s) * 0.05), "the pause is left out"
+    assert times.produced == 10 * len(times.step_s), "what was made during the pause is not"
+    assert all(r == pytest.approx(200.0) for r in times.window_rates)
+
+
+def test_measuring_ends_at_max_seconds():
+    run = Run(total=10_000, max_seconds=1.0)
+    assert run.steps(10_000) is True
+    assert run.meter.times.elapsed_s == pytest.approx(1.0, abs=0.05)
+    assert run.step < 100
+
+
+def test_a_trial_clearly_below_the_floor_is_abandoned_after_a_second_and_two_windows():
+    run = Run(total=10_000, abandon_below=500.0)  # it runs 200 samples/s
+    assert run.steps(10_000) is True
+    assert "below trainer.abandon_below=500.0" in run.meter.abandoned
+    assert 1.0 <= run.meter.times.elapsed_s < 1.3
+    fast = Run(total=60, abandon_below=100.0)
+    fast.steps(60)
+    assert fast.meter.abandoned == ""
+
+
+def test_first_batch_and_epoch_restarts_run_from_the_iterators_start():
+    run = Run(total=100)
+    run.clock.now += 0.3  # workers starting: the first batch of the first epoch
+    run.steps(5)
+    run.meter.epoch_started()
+    run.clock.now += 0.2
+    run.steps(5)
+    result = run.meter.finish()
+    assert result["first_batch_s"] == pytest.approx(0.31)
+    assert result["epoch_restart_s"] == pytest.approx([0.21])
+
+
+def test_a_run_shorter_than_its_warm_up_measures_its_last_step_and_says_so(caplog):
+    run = Run(total=6, backlog=50, steady_state=True)
+    run.steps(6)
+    assert len(run.meter.times.step_s) == 1
+    assert run.meter.finish()["warmup"]["cut_short"] is True
+    assert "the run ends before its warm-up" in caplog.text
+
+
+def test_loss_and_accuracy_are_the_last_windows():
+    run = Run(total=10, window_steps=2)
+    logits = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
+    targets = torch.tensor([0, 0])  # one right of two
+    for loss in (9.0, 9.0, 9.0, 1.0, 3.0, 1.0, 3.0, 1.0, 3.0, 1.0):
+        run.steps(1, batch=2, loss=torch.tensor(loss), logits=logits, targets=targets)
+    result = run.meter.finish()
+    assert result["final_loss"] == pytest.approx(2.0), "the warm-up's losses are not in it"
+    assert result["train_accuracy"] == pytest.approx(0.5)
+
+
+def test_loader_only_reports_no_loss():
+    run = Run(total=20, measure=Measure.loader)
+    run.steps(20)
+    assert math.isnan(run.meter.finish()["final_loss"])
+    assert run.meter.times.window_rates
