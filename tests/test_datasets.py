@@ -11,9 +11,8 @@ from torch.utils.data import Subset
 
 from feedrate import dataset as ds
 from feedrate.checks import check_picklable, find_unpicklable
+from feedrate.dataset import GuardedDataset, RunSplit, build_dataset
 from feedrate.errors import ConfigError, DatasetError
-from feedrate.faults import GuardedDataset, RunSplit
-from feedrate.launch import build_dataset
 
 from .conftest import PHOTOS, TINY, run_cli
 

@@ -19,11 +19,11 @@ from torch.utils.data import Dataset, get_worker_info
 
 import feedrate
 from feedrate.dataset import ensure_photos
+from feedrate.errors import SampleError
 from feedrate.faults import (
     SEND_FAILED,
     Context,
     LoaderFailure,
-    SampleError,
     diagnose,
     send_failure_exit,
 )

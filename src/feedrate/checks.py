@@ -14,8 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from feedrate.dataset import GuardedDataset, RunSplit
 from feedrate.errors import ConfigError
-from feedrate.faults import GuardedDataset, RunSplit
 from feedrate.metrics import METRIC_NAMES
 
 # Dataset keys that are counts or sizes, across the built-in datasets.

@@ -17,19 +17,22 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing import get_context
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset, random_split
 from tqdm import tqdm
 
 if TYPE_CHECKING:  # torchvision takes a second to import: only the image datasets need it
     from torchvision import datasets
     from torchvision.transforms import v2
 
-from feedrate.errors import ConfigError, DatasetError
+from feedrate.errors import CUDA_AFTER_FORK, ConfigError, DatasetError, FeedrateError, SampleError
 from feedrate.hardware import usable_cores
 
 log = logging.getLogger(__name__)
@@ -346,3 +349,83 @@ def num_classes(dataset: Dataset) -> int:
             " give it a `classes` list or a `num_classes` int attribute"
         )
     return n
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the configured dataset, and the run's own wrappers of it
+
+
+def build_dataset(cfg: DictConfig):
+    """Instantiate ``cfg.dataset``, turning failures into an error that names the target."""
+    target = cfg.get("_target_")
+    kwargs = {k: v for k, v in cfg.items() if k != "on_error"}  # feedrate's, not the class's
+    try:
+        return instantiate(OmegaConf.create(kwargs))
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, FeedrateError):
+            raise cause from None
+        raise DatasetError(
+            f"could not build the dataset dataset._target_={target}: {exc}".replace("\n", " ")
+        ) from exc
+
+
+def split(dataset, val_fraction: float, seed: int):
+    """(train, val) subsets with ``val_fraction`` held out, or (dataset, None)."""
+    if val_fraction <= 0:
+        return dataset, None
+    n_val = max(1, int(len(dataset) * val_fraction))
+    generator = torch.Generator().manual_seed(seed)
+    train_set, val_set = random_split(dataset, [len(dataset) - n_val, n_val], generator)
+    return RunSplit(dataset, train_set.indices), RunSplit(dataset, val_set.indices)
+
+
+def sample_origin(dataset: Any, index: int) -> str:
+    """Where sample ``index`` comes from: its file when the dataset knows it."""
+    while isinstance(dataset, Subset):
+        index = dataset.indices[index]
+        dataset = dataset.dataset
+    samples = getattr(dataset, "samples", None)
+    if isinstance(samples, list) and 0 <= index < len(samples):
+        entry = samples[index]
+        path = entry[0] if isinstance(entry, tuple) else entry
+        return f"sample {index} ({path})"
+    return f"sample {index}"
+
+
+class RunSplit(Subset):
+    """The train or validation share the run splits off the user's dataset: a wrapper of the
+    run's own, like :class:`GuardedDataset`, that messages look through (a ``Subset`` the
+    user made is part of their dataset, and stays in the paths they are shown)."""
+
+
+class GuardedDataset(Dataset):
+    """The user's dataset, with failures that name their sample.
+
+    ``on_error="raise"``: a failing ``__getitem__`` raises :class:`SampleError` naming the
+    index and file. ``on_error="skip"``: the sample is dropped from its batch and counted
+    (``feedrate.loader.CountingCollate`` keeps the count), and training goes on.
+    """
+
+    def __init__(self, dataset: Dataset, on_error: str = "raise") -> None:
+        if on_error not in ("raise", "skip"):
+            raise DatasetError(f"dataset.on_error={on_error!r} is not one of 'raise', 'skip'")
+        self.dataset = dataset
+        self.on_error = on_error
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.dataset[index]
+        except Exception as exc:  # noqa: BLE001 - any failure of user code is reported
+            if CUDA_AFTER_FORK in str(exc):  # every sample would fail: the start method's
+                raise  # fault, named by diagnose(), not this sample's
+            if self.on_error == "skip":
+                return None
+            raise SampleError(
+                f"{sample_origin(self.dataset, index)} could not be loaded:"
+                f" {type(exc).__name__}: {exc}. Fix or remove it, or set dataset.on_error=skip"
+                " to skip failing samples (they are counted in metrics.json)"
+            ) from exc

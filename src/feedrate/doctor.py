@@ -22,9 +22,10 @@ import torch
 
 from feedrate import hardware
 from feedrate.checks import start_method, unpicklable, validate
+from feedrate.dataset import build_dataset
 from feedrate.errors import FeedrateError
 from feedrate.faults import Context, shm_needed
-from feedrate.launch import build_dataset, compose, default_config_dir
+from feedrate.launch import compose, default_config_dir
 from feedrate.metrics import data_workers
 from feedrate.preset import plain_data_problems
 

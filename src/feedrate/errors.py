@@ -19,3 +19,13 @@ class Interrupted(FeedrateError):
     """The user pressed Ctrl-C: the run stopped cleanly at a step boundary."""
 
     exit_code = 130
+
+
+class SampleError(FeedrateError):
+    """A sample that could not be loaded. One string argument, so PyTorch can re-raise it
+    from a worker process in the main one."""
+
+
+# What PyTorch raises in a forked worker that touches CUDA the parent had initialised: not a
+# bad sample (every one would fail), but the start method (faults.diagnose names it)
+CUDA_AFTER_FORK = "Cannot re-initialize CUDA in forked subprocess"

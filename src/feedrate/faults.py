@@ -3,8 +3,8 @@
 PyTorch reports a dead worker as "DataLoader worker (pid 1234) is killed by signal: Killed",
 a full ``/dev/shm`` as a bus error, and a broken sample as a traceback from inside a worker.
 :func:`diagnose` turns those into :class:`FeedrateError`s that say what happened, with the
-figures feedrate measured, and what to do. :class:`GuardedDataset` makes a failing sample
-name itself (index and file), and implements ``dataset.on_error: raise | skip``.
+figures feedrate measured, and what to do (:class:`feedrate.dataset.GuardedDataset` makes a
+failing sample name itself).
 """
 
 from __future__ import annotations
@@ -14,77 +14,15 @@ import os
 import re
 import resource
 from dataclasses import dataclass, field
-from typing import Any
 
 import psutil
-from torch.utils.data import Dataset, Subset
 
-from feedrate.errors import DatasetError, FeedrateError
+from feedrate.errors import CUDA_AFTER_FORK, DatasetError, FeedrateError, SampleError
 from feedrate.hardware import shm_bytes
-
-
-class SampleError(FeedrateError):
-    """A sample that could not be loaded. One string argument, so PyTorch can re-raise it
-    from a worker process in the main one."""
 
 
 class LoaderFailure(FeedrateError):
     """The DataLoader's workers failed for a reason of the machine, not of the config."""
-
-
-def sample_origin(dataset: Any, index: int) -> str:
-    """Where sample ``index`` comes from: its file when the dataset knows it."""
-    while isinstance(dataset, Subset):
-        index = dataset.indices[index]
-        dataset = dataset.dataset
-    samples = getattr(dataset, "samples", None)
-    if isinstance(samples, list) and 0 <= index < len(samples):
-        entry = samples[index]
-        path = entry[0] if isinstance(entry, tuple) else entry
-        return f"sample {index} ({path})"
-    return f"sample {index}"
-
-
-class RunSplit(Subset):
-    """The train or validation share the run splits off the user's dataset: a wrapper of the
-    run's own, like :class:`GuardedDataset`, that messages look through (a ``Subset`` the
-    user made is part of their dataset, and stays in the paths they are shown)."""
-
-
-# What PyTorch raises in a forked worker that touches CUDA the parent had initialised
-CUDA_AFTER_FORK = "Cannot re-initialize CUDA in forked subprocess"
-
-
-class GuardedDataset(Dataset):
-    """The user's dataset, with failures that name their sample.
-
-    ``on_error="raise"``: a failing ``__getitem__`` raises :class:`SampleError` naming the
-    index and file. ``on_error="skip"``: the sample is dropped from its batch and counted
-    (``feedrate.loader.CountingCollate`` keeps the count), and training goes on.
-    """
-
-    def __init__(self, dataset: Dataset, on_error: str = "raise") -> None:
-        if on_error not in ("raise", "skip"):
-            raise DatasetError(f"dataset.on_error={on_error!r} is not one of 'raise', 'skip'")
-        self.dataset = dataset
-        self.on_error = on_error
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Any:
-        try:
-            return self.dataset[index]
-        except Exception as exc:  # noqa: BLE001 - any failure of user code is reported
-            if CUDA_AFTER_FORK in str(exc):  # every sample would fail: the start method's
-                raise  # fault, named by diagnose(), not this sample's
-            if self.on_error == "skip":
-                return None
-            raise SampleError(
-                f"{sample_origin(self.dataset, index)} could not be loaded:"
-                f" {type(exc).__name__}: {exc}. Fix or remove it, or set dataset.on_error=skip"
-                " to skip failing samples (they are counted in metrics.json)"
-            ) from exc
 
 
 @dataclass

@@ -25,20 +25,15 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import random_split
+from omegaconf import DictConfig
 
 from feedrate import checkpoint, distributed, environment, hardware
 from feedrate.checks import validate
-from feedrate.dataset import num_classes
-from feedrate.errors import ConfigError, DatasetError, FeedrateError, Interrupted
+from feedrate.dataset import GuardedDataset, build_dataset, num_classes, split
+from feedrate.errors import ConfigError, FeedrateError, Interrupted
 from feedrate.faults import (
     Context,
-    GuardedDataset,
     LoaderFailure,
-    RunSplit,
     check_shm,
     diagnose,
     unbatchable_sample,
@@ -97,21 +92,6 @@ def _output_dir(output_dir: str | os.PathLike | None) -> Path:
         path = Path("outputs") / "api" / datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
     path.mkdir(parents=True, exist_ok=True)
     return path.resolve()
-
-
-def build_dataset(cfg: DictConfig):
-    """Instantiate ``cfg.dataset``, turning failures into an error that names the target."""
-    target = cfg.get("_target_")
-    kwargs = {k: v for k, v in cfg.items() if k != "on_error"}  # feedrate's, not the class's
-    try:
-        return instantiate(OmegaConf.create(kwargs))
-    except InstantiationException as exc:
-        cause = exc.__cause__
-        if isinstance(cause, FeedrateError):
-            raise cause from None
-        raise DatasetError(
-            f"could not build the dataset dataset._target_={target}: {exc}".replace("\n", " ")
-        ) from exc
 
 
 def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
@@ -343,16 +323,6 @@ def _default_memory_limit() -> float:
     """90% of what the run may use: memory still available, plus what it already holds."""
     held = psutil.Process().memory_full_info()
     return 0.9 * (hardware.available_memory() + getattr(held, "pss", held.rss))
-
-
-def split(dataset, val_fraction: float, seed: int):
-    """(train, val) subsets with ``val_fraction`` held out, or (dataset, None)."""
-    if val_fraction <= 0:
-        return dataset, None
-    n_val = max(1, int(len(dataset) * val_fraction))
-    generator = torch.Generator().manual_seed(seed)
-    train_set, val_set = random_split(dataset, [len(dataset) - n_val, n_val], generator)
-    return RunSplit(dataset, train_set.indices), RunSplit(dataset, val_set.indices)
 
 
 def _overrides(out: Path | None = None) -> list[str]:

@@ -28,6 +28,7 @@ from torch.utils.data import (
 from torch.utils.data._utils.collate import default_collate
 
 from feedrate.checks import check_picklable, start_method
+from feedrate.distributed import shard
 from feedrate.faults import SEND_FAILED, send_failure_exit
 from feedrate.hardware import Hardware, usable_cores
 
@@ -139,8 +140,6 @@ def build_loader(
     # them at every epoch; the order must not depend on which, or a resumed run drifts.
     shuffling = torch.Generator().manual_seed(seed)
     if ranks is not None and ranks.enabled:
-        from feedrate.distributed import shard
-
         order = shard(dataset, ranks, kwargs["shuffle"], seed, kwargs["drop_last"])
     elif stream:  # reshuffle forever: no epoch end while measuring (trainer.stream)
         order = RandomSampler(dataset, num_samples=len(dataset) * 10_000, generator=shuffling)

@@ -35,6 +35,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from feedrate import ceiling, environment, hardware, stats
+from feedrate.checks import unpicklable
+from feedrate.dataset import build_dataset
 from feedrate.errors import ConfigError, FeedrateError
 from feedrate.files import atomic_write_text
 from feedrate.preset import (
@@ -133,9 +135,6 @@ def start_methods(cfg: DictConfig) -> list[str]:
 def _unpicklable(dataset_yaml: str) -> str | None:
     """What keeps the dataset from pickling (``dataset.index.lock: _thread.lock``), or None;
     once per dataset config, since the search space asks at every trial."""
-    from feedrate.checks import unpicklable
-    from feedrate.launch import build_dataset
-
     return unpicklable(build_dataset(OmegaConf.create(dataset_yaml)))
 
 
