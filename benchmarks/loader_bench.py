@@ -295,13 +295,14 @@ def first_ceilings(rows: list[dict], runs: dict, measure) -> dict[str, list[str]
     }
     for name, overrides in loader.items():
         measure(0, name, overrides)
-    compute = {f"{CEILING}compute": ["loader=default", "trainer.measure=compute"]}
-    measure(0, *next(iter(compute.items())))
+    compute = ["loader=default", "trainer.measure=compute"]
+    measure(0, f"{CEILING}compute", compute)
     firsts = [r for r in rows if r["name"] in loader and r["status"] == "ok"]
-    if not firsts:
-        return compute
-    best = max(firsts, key=lambda r: r["samples_per_sec"])["name"]
-    return {best: loader[best], **compute}
+    best = {}
+    if firsts:
+        name = max(firsts, key=lambda r: r["samples_per_sec"])["name"]
+        best = {name: loader[name]}
+    return {**best, f"{CEILING}compute": compute}
 
 
 def merge_rows(rows: list[dict]) -> dict[str, str]:

@@ -44,13 +44,8 @@ class Meter:
         bar: Any = None,  # a tqdm bar, for the figures of each window
     ) -> None:
         self.cfg, self.total, self.measure = cfg, total, measure
-        self.produced, self.monitor, self.sync, self.clock, self.bar = (
-            produced,
-            monitor,
-            sync,
-            clock,
-            bar,
-        )
+        self.produced, self.monitor, self.bar = produced, monitor, bar
+        self.sync, self.clock = sync, clock
         # Steps before measuring: enough to rebuild the pipeline, and at least one measured step
         self.warmup = min(cfg.warmup_steps, total - start - 1)
         self.warm = WarmUp(
