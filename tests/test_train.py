@@ -211,8 +211,9 @@ class _BackloggedLoader:
 
 def test_prefetched_backlog_is_not_reported_as_throughput(compose):
     from feedrate.hardware import Hardware
-    from feedrate.metrics import ResourceMonitor, summarise
+    from feedrate.metrics import summarise
     from feedrate.model import TinyCNN
+    from feedrate.monitor import ResourceMonitor
     from feedrate.trainer import build_optimizer, make_input_transform, train
 
     cfg = compose("trainer.max_steps=40", "trainer.warmup_steps=2", "trainer.window_steps=4")
@@ -228,7 +229,7 @@ def test_prefetched_backlog_is_not_reported_as_throughput(compose):
             monitor=monitor,
             normalise=make_input_transform(hw, 3),
         )
-    streamed = summarise(result.times, 0.1, [], monitor, "CPU", 0.0, 0.0, stream=True)
+    streamed = summarise(result, monitor, device="CPU", stream=True)
     assert streamed["consumed_samples_per_sec"] > 1.5 * streamed["produced_samples_per_sec"]
     assert streamed["samples_per_sec"] < 90, "reported more than the 80 samples/s it sustains"
 
@@ -352,7 +353,7 @@ def _warm_up(warm, step_seconds) -> int:
 
 
 def test_warm_up_outlasts_the_start_up_backlog_then_waits_for_a_steady_rate():
-    from feedrate.metrics import WarmUp
+    from feedrate.meter import WarmUp
 
     # steady from the start: the backlog (8), a window's start, then two windows of 4 agree
     warm = WarmUp(3, backlog=8, window_steps=4, clock=_Clock())
@@ -367,7 +368,7 @@ def test_warm_up_outlasts_the_start_up_backlog_then_waits_for_a_steady_rate():
 
 
 def test_warm_up_that_never_settles_ends_after_its_windows_and_says_so():
-    from feedrate.metrics import WarmUp
+    from feedrate.meter import WarmUp
 
     warm = WarmUp(2, backlog=0, window_steps=2, max_windows=4, clock=_Clock())
     steps = _warm_up(warm, lambda i: 0.1 if ((i - 1) // 2) % 2 else 0.3)  # windows 3x apart

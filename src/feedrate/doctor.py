@@ -15,10 +15,12 @@ import multiprocessing
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import torch
+from omegaconf import DictConfig
 
 from feedrate import hardware
 from feedrate.checks import start_method, unpicklable, validate
@@ -26,7 +28,7 @@ from feedrate.dataset import build_dataset
 from feedrate.errors import FeedrateError
 from feedrate.faults import Context, shm_needed
 from feedrate.launch import compose, default_config_dir
-from feedrate.metrics import data_workers
+from feedrate.monitor import data_workers
 from feedrate.preset import plain_data_problems
 
 MB = 2**20
@@ -35,6 +37,8 @@ BUDGET = 0.8
 
 
 class Report:
+    """The doctor's findings, one line each; counts the unsafe ones for the exit status."""
+
     def __init__(self) -> None:
         self.unsafe = 0
 
@@ -45,6 +49,33 @@ class Report:
 
     def section(self, title: str) -> None:
         print(f"\n{title}")
+
+    def finish(self) -> int:
+        print(
+            f"\n{self.unsafe} unsafe finding(s)"
+            if self.unsafe
+            else "\nnothing unsafe found for this configuration"
+        )
+        return 1 if self.unsafe else 0
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The limits a loader runs into here."""
+
+    available: float  # bytes of memory available
+    shm: tuple[float, float] | None  # /dev/shm (size, used) in bytes
+    open_files: int  # the soft limit
+    strategy: str  # torch.multiprocessing's sharing strategy
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the configured dataset costs a loader."""
+
+    sample_bytes: int
+    unpicklable: str | None  # what cannot be pickled, if anything
+    per_worker: float  # bytes of PSS a worker reached (0: not measured)
 
 
 def _mb(n: float) -> str:
@@ -83,16 +114,25 @@ def _worker_memory(dataset, batch_size: int, method: str) -> tuple[float, float]
 
 
 def diagnose_machine(overrides: list[str], presets: list[Path], measure: bool = True) -> int:
+    """Print the machine's limits, the dataset's costs, the configured loader's risks and the
+    presets' form; 1 when something is unsafe."""
     report = Report()
     cfg = compose(overrides)
     try:
         validate(cfg)
     except FeedrateError as exc:
         report.line("unsafe", "config", str(exc))
+    machine = _check_machine(report, cfg)
+    probe = _check_dataset(report, cfg, machine, measure)
+    if probe is not None:
+        _check_loader(report, cfg.loader, machine, probe)
+    _check_presets(report, presets)
+    return report.finish()
 
+
+def _check_machine(report: Report, cfg: DictConfig) -> Machine:
     report.section("Machine")
-    data_path = cfg.dataset.get("root") or cfg.dataset.get("path")
-    fp = hardware.detect(data_path)
+    fp = hardware.detect(cfg.dataset.get("root") or cfg.dataset.get("path"))
     report.line("info", "fingerprint", fp.short())
     available = hardware.available_memory()
     report.line("info", "memory", f"{_mb(available)} available of {fp.ram_gb:.1f} GB")
@@ -100,14 +140,10 @@ def diagnose_machine(overrides: list[str], presets: list[Path], measure: bool = 
     if shm is None:
         report.line("warn", "/dev/shm", "not found: workers cannot pass batches through it")
     else:
-        free = shm[0] - shm[1]
-        status = "warn" if shm[0] < 1 * 2**30 else "ok"
-        fix = " (Docker's default is 64 MB: run with --shm-size=8g or --ipc=host)"
-        report.line(
-            status,
-            "/dev/shm",
-            f"{_mb(shm[0])}, {_mb(free)} free{fix if status == 'warn' else ''}",
-        )
+        small = shm[0] < 1 * 2**30
+        fix = " (Docker's default is 64 MB: run with --shm-size=8g or --ipc=host)" if small else ""
+        free = f"{_mb(shm[0])}, {_mb(shm[0] - shm[1])} free{fix}"
+        report.line("warn" if small else "ok", "/dev/shm", free)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     strategy = torch.multiprocessing.get_sharing_strategy()
     report.line(
@@ -116,12 +152,9 @@ def diagnose_machine(overrides: list[str], presets: list[Path], measure: bool = 
         f"limit {soft} (hard {hard}); sharing strategy {strategy}: every tensor in flight"
         " holds a descriptor" + (" (ulimit -n 65536 raises it)" if soft < 4096 else ""),
     )
-    methods = multiprocessing.get_all_start_methods()
-    report.line(
-        "info",
-        "start methods",
-        f"{', '.join(methods)}; default {multiprocessing.get_start_method()}",
-    )
+    methods = ", ".join(multiprocessing.get_all_start_methods())
+    default = multiprocessing.get_start_method()
+    report.line("info", "start methods", f"{methods}; default {default}")
     if torch.cuda.is_available():
         report.line(
             "info",
@@ -129,7 +162,13 @@ def diagnose_machine(overrides: list[str], presets: list[Path], measure: bool = 
             "initialised in the main process before workers fork: a dataset that touches"
             " CUDA needs loader.multiprocessing_context=spawn",
         )
+    return Machine(available, shm, soft, strategy)
 
+
+def _check_dataset(
+    report: Report, cfg: DictConfig, machine: Machine, measure: bool
+) -> Probe | None:
+    """Build the dataset, check it pickles, and measure what a worker holds; None: no build."""
     report.section(f"Dataset ({cfg.dataset.get('_target_')})")
     t0 = time.perf_counter()
     try:
@@ -137,13 +176,14 @@ def diagnose_machine(overrides: list[str], presets: list[Path], measure: bool = 
         sample, _ = dataset[0]
     except Exception as exc:  # noqa: BLE001 - the doctor reports, it does not stop
         report.line("unsafe", "build", f"{type(exc).__name__}: {exc}")
-        return _end(report, presets)
+        return None
     sample_bytes = sample.element_size() * sample.nelement()
+    batch = cfg.loader.batch_size
     report.line(
         "ok",
         "build",
         f"{len(dataset)} samples of {tuple(sample.shape)} {sample.dtype}"
-        f" ({_mb(sample_bytes * cfg.loader.batch_size)} a batch of {cfg.loader.batch_size}),"
+        f" ({_mb(sample_bytes * batch)} a batch of {batch}),"
         f" built in {time.perf_counter() - t0:.1f} s",
     )
     found = unpicklable(dataset)
@@ -156,13 +196,11 @@ def diagnose_machine(overrides: list[str], presets: list[Path], measure: bool = 
             f"no: {found} cannot be pickled; fork works, spawn and forkserver cannot receive it"
             " (open such handles lazily in the worker)",
         )
-    method = start_method(cfg.loader)
     per_worker = 0.0
     if measure:
-        if found is not None and method != "fork":
-            method = "fork"
-        main, per_worker = _worker_memory(dataset, cfg.loader.batch_size, method)
-        fits = int(max(0.0, available * BUDGET - main) // per_worker) if per_worker else 0
+        method = start_method(cfg.loader) if found is None else "fork"
+        main, per_worker = _worker_memory(dataset, batch, method)
+        fits = int(max(0.0, machine.available * BUDGET - main) // per_worker) if per_worker else 0
         report.line(
             "info",
             "memory",
@@ -170,63 +208,66 @@ def diagnose_machine(overrides: list[str], presets: list[Path], measure: bool = 
             f" over a few batches): about {fits} workers fit in {BUDGET:.0%} of the memory"
             " available",
         )
+    return Probe(sample_bytes, found, per_worker)
 
+
+def _check_loader(report: Report, loader: DictConfig, machine: Machine, probe: Probe) -> None:
+    """The configured loader against the machine: start method, /dev/shm, descriptors,
+    memory and cores."""
     report.section("Loader (the configured one)")
-    loader = cfg.loader
-    ctx = Context(
-        num_workers=loader.num_workers,
-        prefetch_factor=loader.prefetch_factor,
-        batch_bytes=loader.batch_size * sample_bytes,
-        peak_pss_mb=0.0,
-        timeout_s=loader.timeout,
-    )
-    if loader.num_workers == 0:
+    workers, prefetch = loader.num_workers, loader.prefetch_factor or 2
+    if workers == 0:
         report.line("info", "workers", "none: samples load in the training loop's process")
-    else:
-        if found is not None and start_method(loader) != "fork":
-            report.line(
-                "unsafe",
-                "start method",
-                f"{start_method(loader)} cannot receive this dataset: use"
-                " loader.multiprocessing_context=fork, or make the dataset picklable",
-            )
-        if shm is not None:
-            need, free = shm_needed(ctx), shm[0] - shm[1]
-            status = "unsafe" if need > free else "warn" if need > BUDGET * free else "ok"
-            report.line(
-                status,
-                "/dev/shm",
-                f"{loader.num_workers} workers x prefetch {loader.prefetch_factor or 2} x"
-                f" {_mb(ctx.batch_bytes)} need about {_mb(need)} of {_mb(free)} free",
-            )
-        if strategy == "file_descriptor":
-            # two tensors per batch in flight, and a pipe pair and more per worker
-            fds = loader.num_workers * ((loader.prefetch_factor or 2) * 2 + 8)
-            status = "unsafe" if fds > soft else "warn" if fds > BUDGET * soft else "ok"
-            report.line(
-                status, "open files", f"about {fds} descriptors in flight of the limit {soft}"
-            )
-        if per_worker:
-            need = loader.num_workers * per_worker
-            status = "unsafe" if need > available else "warn" if need > BUDGET * available else "ok"
-            report.line(
-                status,
-                "memory",
-                f"{loader.num_workers} workers x {_mb(per_worker)} = {_mb(need)} of"
-                f" {_mb(available)} available",
-            )
-        cores = hardware.usable_cores()
-        if loader.num_workers > cores:
-            report.line(
-                "info",
-                "cores",
-                f"{loader.num_workers} workers on {cores:g} cores: right for samples that wait"
-                " on I/O, oversubscribed for CPU-bound decoding (the sweep measures which)",
-            )
-    return _end(report, presets)
+        return
+    if probe.unpicklable is not None and start_method(loader) != "fork":
+        report.line(
+            "unsafe",
+            "start method",
+            f"{start_method(loader)} cannot receive this dataset: use"
+            " loader.multiprocessing_context=fork, or make the dataset picklable",
+        )
+    if machine.shm is not None:
+        batch_bytes = loader.batch_size * probe.sample_bytes
+        ctx = Context(workers, loader.prefetch_factor, batch_bytes, 0.0, loader.timeout)
+        need, free = shm_needed(ctx), machine.shm[0] - machine.shm[1]
+        report.line(
+            _status(need, free),
+            "/dev/shm",
+            f"{workers} workers x prefetch {prefetch} x {_mb(batch_bytes)} need about"
+            f" {_mb(need)} of {_mb(free)} free",
+        )
+    if machine.strategy == "file_descriptor":
+        # two tensors per batch in flight, and a pipe pair and more per worker
+        fds = workers * (prefetch * 2 + 8)
+        limit = machine.open_files
+        report.line(
+            _status(fds, limit),
+            "open files",
+            f"about {fds} descriptors in flight of the limit {limit}",
+        )
+    if probe.per_worker:
+        need = workers * probe.per_worker
+        report.line(
+            _status(need, machine.available),
+            "memory",
+            f"{workers} workers x {_mb(probe.per_worker)} = {_mb(need)} of"
+            f" {_mb(machine.available)} available",
+        )
+    cores = hardware.usable_cores()
+    if workers > cores:
+        report.line(
+            "info",
+            "cores",
+            f"{workers} workers on {cores:g} cores: right for samples that wait"
+            " on I/O, oversubscribed for CPU-bound decoding (the sweep measures which)",
+        )
 
 
-def _end(report: Report, presets: list[Path]) -> int:
+def _status(need: float, have: float) -> str:
+    return "unsafe" if need > have else "warn" if need > BUDGET * have else "ok"
+
+
+def _check_presets(report: Report, presets: list[Path]) -> None:
     report.section("Loader presets")
     for path in presets:
         problems = plain_data_problems(path)
@@ -234,12 +275,6 @@ def _end(report: Report, presets: list[Path]) -> int:
             report.line("unsafe", path.name, f"not plain data: {'; '.join(problems)}")
         else:
             report.line("ok", path.name, "plain data")
-    print(
-        f"\n{report.unsafe} unsafe finding(s)"
-        if report.unsafe
-        else "\nnothing unsafe found for this configuration"
-    )
-    return 1 if report.unsafe else 0
 
 
 def main(argv: list[str] | None = None) -> int:

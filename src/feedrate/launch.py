@@ -8,17 +8,18 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import signal
 import socket
 import sys
 import threading
 import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import NoReturn
 
-import numpy as np
 import psutil
 import torch
 from hydra import compose as hydra_compose
@@ -29,27 +30,14 @@ from omegaconf import DictConfig
 
 from feedrate import checkpoint, distributed, environment, hardware
 from feedrate.checks import validate
-from feedrate.dataset import GuardedDataset, build_dataset, num_classes, split
 from feedrate.errors import ConfigError, FeedrateError, Interrupted
-from feedrate.faults import (
-    Context,
-    LoaderFailure,
-    check_shm,
-    diagnose,
-    unbatchable_sample,
-)
+from feedrate.faults import LoaderFailure, diagnose
 from feedrate.files import atomic_write_text
-from feedrate.loader import build_loader, loader_kwargs, skipped_samples
-from feedrate.metrics import ResourceMonitor, format_summary, summarise
-from feedrate.model import build_model
-from feedrate.trainer import (
-    Checkpoints,
-    build_optimizer,
-    evaluate,
-    make_input_transform,
-    planned_steps,
-    train,
-)
+from feedrate.loader import skipped_samples
+from feedrate.metrics import finite, format_summary, summarise
+from feedrate.monitor import ResourceMonitor
+from feedrate.trainer import Checkpoints, TrainResult, planned_steps, train
+from feedrate.workload import Workload, build, evaluate_held_out
 
 log = logging.getLogger("feedrate")
 
@@ -94,6 +82,21 @@ def _output_dir(output_dir: str | os.PathLike | None) -> Path:
     return path.resolve()
 
 
+@dataclass(frozen=True)
+class Run:
+    """What every stage of a run shares: its config, ranks, machine and output directory."""
+
+    cfg: DictConfig
+    ranks: distributed.Ranks
+    fingerprint: hardware.Fingerprint
+    hw: hardware.Hardware
+    out: Path
+
+    @property
+    def checkpoint(self) -> Path:
+        return checkpoint.checkpoint_path(self.out, self.cfg.trainer)
+
+
 def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     """Build, train and measure as ``cfg`` says; write metrics.json; return the metrics.
 
@@ -101,125 +104,88 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     :mod:`feedrate.distributed`).
     """
     validate(cfg)
+    with _opened(cfg, output_dir) as this:
+        saved = _checkpoint_to_continue(this)
+        work = build(cfg, this.hw, this.ranks)
+        resume = _restore(this, work, saved)
+        _write_environment(this)
+        result, monitor, skipped = _train_guarded(this, work, resume)
+        held_out = evaluate_held_out(work, cfg, this.hw)
+        return _write_metrics(this, work, result, monitor, held_out, skipped)
+
+
+@contextlib.contextmanager
+def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[Run]:
+    """The ranks joined, the hardware resolved, one output directory, seeds and threads set;
+    the ranks leave at the end."""
     ranks = distributed.from_env()
-    data_path = cfg.dataset.get("root") or cfg.dataset.get("path")
-    fingerprint = hardware.detect(data_path)
+    fingerprint = hardware.detect(cfg.dataset.get("root") or cfg.dataset.get("path"))
     if ranks.is_main:
         log.info("hardware fingerprint: %s", fingerprint.short())
-    hw = hardware.resolve(cfg.hardware, fingerprint)
-    hw = distributed.setup(ranks, hw, cfg.trainer)
+    hw = distributed.setup(ranks, hardware.resolve(cfg.hardware, fingerprint), cfg.trainer)
     try:
-        return _run(cfg, output_dir, ranks, fingerprint, hw)
+        # Every rank writes (if anything) where rank 0 does: ranks may start a second apart.
+        out = Path(distributed.broadcast(str(_output_dir(output_dir)), ranks))
+        log.info(
+            "device %s (hardware=%s): amp %s, channels_last %s, pinned %s",
+            *(hw.device, hw.name, hw.amp_dtype, hw.channels_last, hw.pin_memory),
+        )
+        torch.manual_seed(cfg.trainer.seed)
+        # The preset's share of the machine for training (split between the ranks on it, as
+        # its workers are), else the hardware profile's threads
+        threads = distributed.workers_per_rank(cfg.loader.main_threads or 0, ranks)
+        threads = threads or cfg.hardware.torch_threads
+        if threads:
+            torch.set_num_threads(threads)
+        torch.backends.cudnn.benchmark = hw.cudnn_benchmark
+        yield Run(cfg, ranks, fingerprint, hw, out)
     finally:
         distributed.teardown(ranks)
 
 
-def _run(
-    cfg: DictConfig,
-    output_dir: str | os.PathLike | None,
-    ranks: distributed.Ranks,
-    fingerprint: hardware.Fingerprint,
-    hw: hardware.Hardware,
-) -> dict:
-    # Every rank writes (if anything) where rank 0 does: ranks may start a second apart.
-    out = Path(distributed.broadcast(str(_output_dir(output_dir)), ranks))
-    ckpt_path = checkpoint.checkpoint_path(out, cfg.trainer)
-    saved = checkpoint.load(ckpt_path) if cfg.trainer.resume else None
-    if saved is None and cfg.trainer.save_checkpoint and ckpt_path.exists():
+def _checkpoint_to_continue(run: Run) -> dict | None:
+    """The checkpoint ``trainer.resume`` continues; a new run never overwrites one."""
+    trainer = run.cfg.trainer
+    saved = checkpoint.load(run.checkpoint) if trainer.resume else None
+    if saved is None and trainer.save_checkpoint and run.checkpoint.exists():
         raise ConfigError(
-            f"{ckpt_path} already holds a checkpoint: continue that run with"
+            f"{run.checkpoint} already holds a checkpoint: continue that run with"
             " trainer.resume=true, or give this one its own hydra.run.dir (nothing was"
             " overwritten)"
         )
-    distributed.barrier(ranks)  # every rank has checked before rank 0 writes anything
-    log.info(
-        "device %s (hardware=%s): amp %s, channels_last %s, pinned %s",
-        hw.device,
-        hw.name,
-        hw.amp_dtype,
-        hw.channels_last,
-        hw.pin_memory,
-    )
-    torch.manual_seed(cfg.trainer.seed)
-    # The preset's share of the machine for training (split between the ranks on it, as its
-    # workers are), else the hardware profile's threads
-    threads = distributed.workers_per_rank(cfg.loader.main_threads or 0, ranks)
-    threads = threads or cfg.hardware.torch_threads
-    if threads:
-        torch.set_num_threads(threads)
-    torch.backends.cudnn.benchmark = hw.cudnn_benchmark
+    distributed.barrier(run.ranks)  # every rank has checked before rank 0 writes anything
+    return saved
 
-    dataset = build_dataset(cfg.dataset)
-    n_classes = num_classes(dataset)
-    train_set, val_set = split(dataset, cfg.trainer.val_fraction, cfg.trainer.seed)
-    on_error = cfg.dataset.get("on_error", "raise")
-    train_set = GuardedDataset(train_set, on_error)
-    sample, _ = GuardedDataset(dataset, "raise")[0]
-    if isinstance(sample, np.ndarray):  # the default collate batches it as a tensor
-        sample = torch.as_tensor(sample)
-    if not isinstance(sample, torch.Tensor):  # the model and the loader's sizing need one
-        raise unbatchable_sample(repr(type(sample)))
-    model = build_model(cfg.model, n_classes).to(hw.device)
-    if hw.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    model = distributed.wrap(model, ranks, hw)
-    optimizer = build_optimizer(cfg.trainer, model)
-    loader_args = loader_kwargs(cfg.loader, hw)
-    per_rank = distributed.workers_per_rank(cfg.loader.num_workers, ranks)
-    if per_rank != cfg.loader.num_workers:
-        log.info(
-            "loader.num_workers=%d is the machine's: %d per rank for %d ranks on it",
-            cfg.loader.num_workers,
-            per_rank,
-            ranks.local_world_size,
-        )
-        loader_args["num_workers"] = per_rank
-    log.info(
-        "dataset %s: %d samples, %d classes, sample %s %s; loader %s",
-        type(dataset).__name__,
-        len(dataset),
-        n_classes,
-        tuple(sample.shape),
-        sample.dtype,
-        loader_args,
-    )
-    context = Context(
-        num_workers=loader_args["num_workers"],
-        prefetch_factor=cfg.loader.prefetch_factor,
-        batch_bytes=cfg.loader.batch_size * sample.element_size() * sample.nelement(),
-        peak_pss_mb=0.0,
-        timeout_s=cfg.loader.timeout,
-    )
-    check_shm(context)
-    loader = build_loader(train_set, loader_args, cfg.trainer.seed, cfg.trainer.stream, ranks)
-    resume = None
-    if saved is not None:
-        total = planned_steps(cfg.trainer, loader)
-        resume = checkpoint.restore(
-            saved, ckpt_path, distributed.unwrap(model), optimizer, total, loader.batch_size
-        )
-        log.info("resuming from %s at step %d of %d", ckpt_path, resume.step, total)
-        for name in ("metrics", "environment"):
-            if ranks.is_main and (out / f"{name}.json").exists():
-                # The finished part's records stay beside the ones this run will write.
-                os.replace(out / f"{name}.json", out / f"{name}_until_step_{resume.step}.json")
 
-    if ranks.is_main:
-        env = environment.describe(fingerprint.as_dict())
-        atomic_write_text(out / "environment.json", json.dumps(env, indent=2) + "\n")
-    batch_size = loader.batch_size
+def _restore(run: Run, work: Workload, saved: dict | None) -> checkpoint.Position | None:
+    """The weights, optimizer and data position of ``saved``; the finished part's records
+    are kept beside the ones this run will write."""
+    if saved is None:
+        return None
+    total = planned_steps(run.cfg.trainer, work.loader)
+    weights = distributed.unwrap(work.model)
+    batch = work.loader.batch_size
+    resume = checkpoint.restore(saved, run.checkpoint, weights, work.optimizer, total, batch)
+    log.info("resuming from %s at step %d of %d", run.checkpoint, resume.step, total)
+    for name in ("metrics", "environment"):
+        if run.ranks.is_main and (run.out / f"{name}.json").exists():
+            os.replace(run.out / f"{name}.json", run.out / f"{name}_until_step_{resume.step}.json")
+    return resume
 
-    def save(position: checkpoint.Position) -> Path:
-        weights = distributed.unwrap(model)
-        return checkpoint.save(ckpt_path, weights, optimizer, position, cfg, batch_size)
 
-    checkpoints = Checkpoints(
-        save=save if cfg.trainer.save_checkpoint and ranks.is_main else None,
-        # on every rank: each pauses (and re-warms) while rank 0 saves
-        every=cfg.trainer.checkpoint_every if cfg.trainer.save_checkpoint else None,
-        interrupt=threading.Event(),
-        resume_hint=f"python train.py {' '.join(_overrides(out))} trainer.resume=true",
-    )
+def _write_environment(run: Run) -> None:
+    if run.ranks.is_main:
+        env = environment.describe(run.fingerprint.as_dict())
+        atomic_write_text(run.out / "environment.json", json.dumps(env, indent=2) + "\n")
+
+
+def _train_guarded(
+    run: Run, work: Workload, resume: checkpoint.Position | None
+) -> tuple[TrainResult, ResourceMonitor, int]:
+    """Train under the memory guard and the Ctrl-C handler; a failure is diagnosed and named.
+    The trained state is saved before evaluation can fail."""
+    cfg, ranks = run.cfg, run.ranks
+    checkpoints = _checkpoints(run, work)
     limit_gb = cfg.hardware.memory_limit_gb
     machine_limit = limit_gb * 2**30 if limit_gb is not None else _default_memory_limit()
     with (
@@ -228,94 +194,115 @@ def _run(
             # the machine's memory, shared by the ranks on it
             limit_bytes=machine_limit / ranks.local_world_size,
             explicit_limit=limit_gb is not None,
-            start_method=loader_args.get("multiprocessing_context"),
+            start_method=work.loader_args.get("multiprocessing_context"),
             cpu_root=os.getppid() if ranks.enabled else None,
         ) as monitor,
         # Ctrl-C under torchrun reaches every rank at its own step: no clean stop there.
         contextlib.nullcontext() if ranks.enabled else _interrupts_set(checkpoints.interrupt),
     ):
-        normalise = make_input_transform(hw, sample.shape[0])
         try:
             result = train(
-                model=model,
-                loader=loader,
-                optimizer=optimizer,
-                hw=hw,
+                model=work.model,
+                loader=work.loader,
+                optimizer=work.optimizer,
+                hw=run.hw,
                 cfg=cfg.trainer,
                 monitor=monitor,
-                normalise=normalise,
+                normalise=work.normalise,
                 resume=resume,
                 checkpoints=checkpoints,
             )
-        except (Interrupted, LoaderFailure) as exc:  # they name their cause already
-            traceback.clear_frames(exc.__traceback__)  # frames hold the workers' iterator
-            raise
         except Exception as exc:
-            # The workers end first: a dead one's SIGCHLD would raise again inside this handler
-            context.worker_exit_codes = loader.end_workers()
-            if monitor.tripped:  # the guard ended the workers: that is the cause
-                raise LoaderFailure(monitor.tripped) from exc
-            monitor.sample()
-            context.peak_pss_mb = monitor.peaks.pss_bytes / 2**20
-            named = diagnose(exc, context)
-            if named is None:
-                raise
-            raise named from exc
-        skipped = skipped_samples(loader)
-        del loader  # ends persistent workers inside the monitored window
-    if cfg.trainer.save_checkpoint and ranks.is_main:
-        save(result.position)  # the trained state first, before evaluation can fail
-    val_loss = val_accuracy = None
-    if val_set is not None:
-        eval_args = {
-            **loader_args,
-            "shuffle": False,
-            "drop_last": False,
-            "persistent_workers": False,
-        }
-        val_loader = build_loader(GuardedDataset(val_set, on_error), eval_args, cfg.trainer.seed)
-        val_loss, val_accuracy = evaluate(model, val_loader, hw, normalise)
-        del val_loader
-    metrics = summarise(
-        result.times,
-        result.first_batch_s,
-        result.epoch_restart_s,
-        monitor,
-        str(hw.device.type).upper(),
-        result.final_loss,
-        result.train_accuracy,
-        stream=cfg.trainer.stream,
-    )
-    metrics["val_loss"], metrics["val_accuracy"] = val_loss, val_accuracy
-    metrics["skipped_samples"] = skipped
+            _raise_named(exc, work, monitor)
+        skipped = skipped_samples(work.loader)
+        work.loader.end_workers()  # persistent ones too: inside the monitored window
     if skipped:
         log.warning("%d samples failed to load and were skipped <cfg.dataset.on_error>", skipped)
-    metrics["steps"] = result.steps
-    metrics["warmup"] = result.warmup
-    metrics["abandoned"] = result.abandoned or None
-    metrics["epochs_started"] = result.epochs_started
-    metrics["run"] = {
-        "fingerprint": fingerprint.as_dict(),
+    if checkpoints.save is not None:
+        checkpoints.save(result.position)
+    return result, monitor, skipped
+
+
+def _checkpoints(run: Run, work: Workload) -> Checkpoints:
+    trainer = run.cfg.trainer
+    batch_size = work.loader.batch_size
+
+    def save(position: checkpoint.Position) -> Path:
+        weights = distributed.unwrap(work.model)
+        return checkpoint.save(
+            run.checkpoint, weights, work.optimizer, position, run.cfg, batch_size
+        )
+
+    return Checkpoints(
+        save=save if trainer.save_checkpoint and run.ranks.is_main else None,
+        # on every rank: each pauses (and re-warms) while rank 0 saves
+        every=trainer.checkpoint_every if trainer.save_checkpoint else None,
+        interrupt=threading.Event(),
+        resume_hint=f"python train.py {' '.join(_overrides(run.out))} trainer.resume=true",
+    )
+
+
+def _raise_named(exc: Exception, work: Workload, monitor: ResourceMonitor) -> NoReturn:
+    """Raise ``exc`` as the failure it is (a worker killed, out of memory, /dev/shm full...)
+    when the diagnosis can name one."""
+    if isinstance(exc, (Interrupted, LoaderFailure)):  # they name their cause already
+        traceback.clear_frames(exc.__traceback__)  # frames hold the workers' iterator
+        raise exc
+    # The workers end first: a dead one's SIGCHLD would raise again inside this handler
+    context = work.context
+    context.worker_exit_codes = work.loader.end_workers()
+    if monitor.tripped:  # the guard ended the workers: that is the cause
+        raise LoaderFailure(monitor.tripped) from exc
+    monitor.sample()
+    context.peak_pss_mb = monitor.peaks.pss_bytes / 2**20
+    named = diagnose(exc, context)
+    if named is None:
+        raise exc
+    raise named from exc
+
+
+def _write_metrics(
+    run: Run,
+    work: Workload,
+    result: TrainResult,
+    monitor: ResourceMonitor,
+    held_out: tuple[float | None, float | None],
+    skipped: int,
+) -> dict:
+    """metrics.json: this rank's figures, gathered over the ranks, written by rank 0."""
+    hw, sample = run.hw, work.sample
+    record = {
+        "fingerprint": run.fingerprint.as_dict(),
         "host": socket.gethostname(),
         "device": str(hw.device),
         "amp_dtype": str(hw.amp_dtype),
         "channels_last": hw.channels_last,
         "cudnn_benchmark": hw.cudnn_benchmark,
         "non_blocking": hw.non_blocking,
-        "loader": loader_args,
+        "loader": work.loader_args,
         "torch_threads": torch.get_num_threads(),
-        "dataset_len": len(dataset),
+        "dataset_len": len(work.dataset),
         "sample_bytes": sample.element_size() * sample.nelement(),
-        "num_classes": n_classes,
+        "num_classes": work.num_classes,
         "torch": torch.__version__,
         "date": datetime.now().isoformat(timespec="seconds"),
         "overrides": _overrides(),
     }
-    metrics = _finite(distributed.gather(metrics, ranks))
-    if ranks.is_main:
-        atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-        log.info("summary (%s)\n%s", out / "metrics.json", format_summary(metrics))
-    distributed.barrier(ranks)
+    mine = summarise(
+        result,
+        monitor,
+        device=str(hw.device.type).upper(),
+        stream=run.cfg.trainer.stream,
+        held_out=held_out,
+        skipped=skipped,
+        run=record,
+    )
+    metrics = finite(distributed.gather(mine, run.ranks))
+    if run.ranks.is_main:
+        path = run.out / "metrics.json"
+        atomic_write_text(path, json.dumps(metrics, indent=2) + "\n")
+        log.info("summary (%s)\n%s", path, format_summary(metrics))
+    distributed.barrier(run.ranks)
     return metrics
 
 
@@ -352,17 +339,6 @@ def _interrupts_set(event: threading.Event):
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def _finite(obj):
-    """JSON has no NaN: write null for a metric that could not be measured."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def main(cfg: DictConfig) -> float:

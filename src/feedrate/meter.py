@@ -6,14 +6,113 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from feedrate.config import Measure
-from feedrate.metrics import StepTimes, WarmUp
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepTimes:
+    """Per-step timings of the measured (post-warm-up) phase."""
+
+    wait_s: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    window_rates: list[float] = field(default_factory=list)  # samples/s per synchronised window
+    samples: int = 0  # consumed by training
+    produced: int | None = None  # produced by the workers in the same time (None: no workers)
+    elapsed_s: float = 0.0
+
+
+class WarmUp:
+    """When the measured window may start: the steady state, not the start-up.
+
+    All workers start at once and are handed ``num_workers * prefetch_factor`` batches (the
+    start-up backlog). Until training has consumed that many, it eats batches queued while it
+    was not yet asking, and workers still starting up make the rate lower than it will be.
+    So the warm-up lasts ``min_steps``, or the backlog and then windows of ``window_steps``
+    until two in a row agree within ``tolerance`` (at most ``max_windows``: then measuring
+    starts anyway, ``settled`` False). ``clock`` is passed in so tests can drive it.
+    """
+
+    def __init__(
+        self,
+        min_steps: int,
+        backlog: int = 0,
+        window_steps: int = 5,
+        tolerance: float = 0.10,
+        max_windows: int = 4,
+        steady: bool = True,
+        clock=time.perf_counter,
+        sync=lambda: None,
+    ) -> None:
+        self.min_steps = min_steps
+        self.backlog = backlog if steady else 0
+        self.window_steps = max(1, window_steps)
+        self.tolerance = tolerance
+        self.max_windows = max_windows if steady else 0
+        self.clock = clock
+        self.sync = sync  # the device's queue drained before the clock is read (CUDA)
+        self.steps = 0
+        self.windows = 0
+        self.settled: bool | None = False if steady else None  # None: not checked
+        self.started_at = clock()
+        self.seconds = 0.0
+        self._window_start: float | None = None
+        self._window_steps = 0
+        self._last_rate: float | None = None
+        self.cut = False  # the run ended before the warm-up did
+
+    def update(self) -> bool:
+        """One warm-up step done; True when the warm-up is over (measure from the next)."""
+        self.steps += 1
+        if self.steps < max(self.min_steps, self.backlog):
+            return False
+        if self.max_windows == 0:
+            return self._over()
+        if self._window_start is not None and self._window_steps + 1 < self.window_steps:
+            self._window_steps += 1
+            return False
+        self.sync()
+        now = self.clock()
+        if self._window_start is None:
+            self._window_start = now
+            return False
+        self._window_steps += 1
+        span = now - self._window_start
+        rate = self._window_steps / span if span > 0 else float("inf")
+        self._window_start, self._window_steps = now, 0
+        last, self._last_rate = self._last_rate, rate
+        self.windows += 1
+        if last is not None and abs(rate / last - 1.0) <= self.tolerance:
+            self.settled = True
+            return self._over()
+        return self._over() if self.windows >= self.max_windows else False
+
+    def _over(self) -> bool:
+        self.seconds = self.clock() - self.started_at
+        return True
+
+    def cut_short(self) -> None:
+        """The run ends before the warm-up could: measuring starts anyway, unsettled."""
+        self._over()
+        self.cut = True
+        if self.settled is not None:
+            self.settled = False
+
+    def as_dict(self) -> dict:
+        return {
+            "steps": self.steps,
+            "seconds": self.seconds,
+            "backlog_batches": self.backlog,
+            "settle_windows": self.windows,
+            "settled": self.settled,
+            "cut_short": self.cut,
+        }
 
 
 class Meter:

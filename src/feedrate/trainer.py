@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,14 +21,15 @@ from feedrate.errors import ConfigError, DatasetError, Interrupted
 from feedrate.faults import LoaderFailure
 from feedrate.hardware import Hardware
 from feedrate.loader import produced_samples
-from feedrate.meter import Meter
-from feedrate.metrics import ResourceMonitor, StepTimes
+from feedrate.meter import Meter, StepTimes
+from feedrate.monitor import ResourceMonitor
 
 log = logging.getLogger(__name__)
 
 # Normalisation happens on the device: the loader moves uint8, 4x fewer bytes than float32.
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
 _IMAGENET_STD = (0.229, 0.224, 0.225)
+_END = object()  # the loader's iterator is exhausted
 
 
 def build_optimizer(cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -184,21 +185,65 @@ def _save_if_due(
         raise Interrupted(f"interrupted (Ctrl-C) at step {step} of {total}: {saved}")
 
 
-def _epoch(loader: DataLoader, epoch: int, resume: Position | None) -> tuple[Any, int, Any]:
-    """``iter(loader)`` for ``epoch``; the samples of it trained before ``resume`` (skipped:
-    the same shuffle goes on), and the shuffle's state a checkpoint records (None: a loader
-    built elsewhere has no shuffle to resume, :class:`feedrate.loader.ResumableSampler`)."""
+@dataclass
+class _Where:
+    """Where training is in the data: what a checkpoint's :class:`Position` records."""
+
+    step: int
+    epoch: int
+    samples: int = 0  # of this epoch, handed out by the sampler (skipped batches too)
+    batches: int = 0  # of this epoch, from the loader
+    generator: Any = None  # the shuffle's state at the epoch's start
+
+    def position(self, scaler: torch.amp.GradScaler) -> Position:
+        return Position(self.step, self.epoch, self.samples, self.generator, scaler.state_dict())
+
+
+Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _epoch_batches(
+    loader: DataLoader, where: _Where, resume: Position | None, hw: Hardware, meter: Meter
+) -> Batches:
+    """One epoch's batches on the device. From ``resume`` the epoch goes on with the same
+    shuffle after the samples already trained (:class:`feedrate.loader.ResumableSampler`).
+    The meter's wait runs until a batch arrives; the host-to-device copy is the step's."""
     sampler = getattr(loader, "sampler", None)
     shuffling = getattr(sampler, "generator", None)
-    skip = 0
+    where.samples = where.batches = 0
     if resume is not None and resume.epoch_generator is not None:
         shuffling.set_state(resume.epoch_generator)
-        sampler.skip = skip = resume.epoch_samples
+        sampler.skip = where.samples = resume.epoch_samples
     order = getattr(sampler, "order", None)
     if hasattr(order, "set_epoch"):  # a DistributedSampler: this epoch's shuffle
-        order.set_epoch(epoch)
-    state = shuffling.get_state() if shuffling is not None else None
-    return iter(loader), skip, state
+        order.set_epoch(where.epoch)
+    where.generator = shuffling.get_state() if shuffling is not None else None
+    per_batch = getattr(loader, "batch_size", None) or 0
+    batches = iter(loader)
+    while True:
+        meter.step_started()
+        batch = next(batches, _END)
+        if batch is _END:
+            return
+        where.batches += 1
+        where.samples += per_batch
+        if batch is None:  # dataset.on_error=skip dropped every sample of it
+            continue
+        meter.batch_arrived()
+        x, y = batch
+        yield (
+            x.to(hw.device, non_blocking=hw.non_blocking),
+            y.to(hw.device, non_blocking=hw.non_blocking),
+        )
+
+
+def _resident(batches: Batches, meter: Meter) -> Batches:
+    """``trainer.measure=compute``: the first batch, kept on the device and trained on again."""
+    for batch in batches:
+        while True:
+            yield batch
+            meter.step_started()
+            meter.batch_arrived()
 
 
 def train(
@@ -215,17 +260,16 @@ def train(
 ) -> TrainResult:
     """Train for ``planned_steps``, timed by a :class:`~feedrate.meter.Meter`.
 
-    From ``resume`` (a checkpoint's position), training goes on where it stopped: the same
-    epoch, the next sample of the same order; warm-up and measurement start again there.
-    ``checkpoints`` says when to save; an interrupt (Ctrl-C) ends the run after the current
-    step with the state saved.
+    From ``resume`` (a checkpoint's position) training goes on where it stopped; warm-up and
+    measuring start again there. ``checkpoints`` says when to save; Ctrl-C ends the run after
+    the current step, with the state saved.
     """
     total = planned_steps(cfg, loader)
-    start = resume.step if resume is not None else 0
     measure = Measure(getattr(cfg.measure, "value", cfg.measure))
+    where = _Where(resume.step, resume.epoch) if resume is not None else _Where(0, 0)
     bar = tqdm(
         total=total,
-        initial=start,
+        initial=where.step,
         unit="step",
         desc="train",
         disable=not cfg.progress,
@@ -234,7 +278,7 @@ def train(
     meter = Meter(
         cfg,
         total=total,
-        start=start,
+        start=where.step,
         backlog=startup_backlog(loader) if measure is not Measure.compute else 0,
         # a window that sees every worker deliver: workers started together deliver in bursts
         window_steps=max(cfg.window_steps, getattr(loader, "num_workers", 0) or 0),
@@ -245,70 +289,46 @@ def train(
         sync=lambda: _sync(hw.device),
         bar=bar,
     )
-    resident: tuple[torch.Tensor, torch.Tensor] | None = None
     scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
     if resume is not None and resume.scaler:
         scaler.load_state_dict(resume.scaler)
-    step, epoch = start, resume.epoch if resume is not None else 0
     model.train()
-    first = True  # the first epoch: a resumed one starts where the checkpoint stopped
-    done = False
-    per_batch = getattr(loader, "batch_size", None) or 0  # samples the sampler hands a batch
-    epoch_samples = 0
-
-    def position() -> Position:
-        return Position(step, epoch, epoch_samples, epoch_generator, scaler.state_dict())
-
-    meter.start(start)
-    while not done:
+    meter.start(where.step)
+    stopped_at = None
+    while stopped_at is None:
         meter.epoch_started()
-        batches, resumed_into, epoch_generator = _epoch(loader, epoch, resume if first else None)
-        batches_this_epoch, epoch_samples = 0, resumed_into
-        while True:
-            meter.step_started()
-            if resident is not None:  # measure=compute: the same batch, already on the device
-                x, y = resident
-            else:
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    break
-                batches_this_epoch += 1
-                epoch_samples += per_batch
-                if batch is None:  # dataset.on_error=skip dropped every sample of it
-                    continue
-                x, y = batch
-            meter.batch_arrived()
-            if resident is None:  # the loader's side ends with the host-to-device copy
-                x = x.to(hw.device, non_blocking=hw.non_blocking)
-                y = y.to(hw.device, non_blocking=hw.non_blocking)
-                if measure is Measure.compute:
-                    resident = (x, y)
-            loss = out = None
+        batches = _epoch_batches(loader, where, resume, hw, meter)
+        resume = None  # only the first epoch resumes part-way
+        if measure is Measure.compute:
+            batches = _resident(batches, meter)
+        for x, y in batches:
+            loss = logits = None
             if measure is not Measure.loader:
-                inputs = normalise(x, inplace=resident is None)
-                loss, out = _step(model, optimizer, scaler, hw, inputs, y)
-            step += 1
-            done = meter.step_done(step, len(y), loss, out, y)
+                inputs = normalise(x, inplace=measure is not Measure.compute)
+                loss, logits = _step(model, optimizer, scaler, hw, inputs, y)
+            where.step += 1
+            done = meter.step_done(where.step, len(y), loss, logits, y)
             bar.update(1)
             if monitor.tripped:  # the memory guard: stop before the OOM killer does
                 raise LoaderFailure(monitor.tripped)
-            if step >= total or done:
-                done = True
-                stopped_at = position()
+            if done or where.step >= total:
+                stopped_at = where.position(scaler)
                 break
             if checkpoints is not None:
-                _save_if_due(checkpoints, step, total, position, meter, bar)
-        if not done and batches_this_epoch == 0 and not resumed_into:
+                _save_if_due(
+                    checkpoints, where.step, total, lambda: where.position(scaler), meter, bar
+                )
+        if stopped_at is None and where.batches == 0 and where.samples == 0:
             raise DatasetError(
                 "an epoch yielded no batch at all (every sample failed and"
                 " dataset.on_error=skip dropped it): fix the dataset, or set"
                 " dataset.on_error=raise to see the first failure"
             )
-        epoch += 1
-        first = False
+        where.epoch += 1
     bar.close()
-    return TrainResult(**meter.finish(), steps=step, epochs_started=epoch, position=stopped_at)
+    return TrainResult(
+        **meter.finish(), steps=where.step, epochs_started=where.epoch, position=stopped_at
+    )
 
 
 @torch.no_grad()

@@ -1,0 +1,115 @@
+"""What a run trains and measures, built from the config: dataset, split, model, optimizer
+and loader, and the held-out evaluation with the same loader settings."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from feedrate import distributed
+from feedrate.dataset import GuardedDataset, build_dataset, num_classes, split
+from feedrate.distributed import Ranks
+from feedrate.faults import Context, check_shm, unbatchable_sample
+from feedrate.hardware import Hardware
+from feedrate.loader import build_loader, loader_kwargs
+from feedrate.model import build_model
+from feedrate.trainer import build_optimizer, evaluate, make_input_transform
+
+log = logging.getLogger("feedrate")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the run trains and measures, built from the config."""
+
+    dataset: Dataset
+    train_set: GuardedDataset
+    val_set: Dataset | None
+    sample: torch.Tensor  # the first one: shapes the model, sizes the loader's memory
+    num_classes: int
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: DataLoader
+    loader_args: dict
+    normalise: Callable[..., torch.Tensor]
+    context: Context  # what a failure's diagnosis reads
+
+
+def build(cfg: DictConfig, hw: Hardware, ranks: Ranks) -> Workload:
+    """Dataset, split, model (DDP under torchrun), optimizer and loader."""
+    dataset = build_dataset(cfg.dataset)
+    classes = num_classes(dataset)
+    train_set, val_set = split(dataset, cfg.trainer.val_fraction, cfg.trainer.seed)
+    train_set = GuardedDataset(train_set, cfg.dataset.get("on_error", "raise"))
+    sample = _first_sample(dataset)
+    model = build_model(cfg.model, classes).to(hw.device)
+    if hw.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model = distributed.wrap(model, ranks, hw)
+    args = _loader_args(cfg.loader, hw, ranks)
+    log.info(
+        "dataset %s: %d samples, %d classes, sample %s %s; loader %s",
+        *(type(dataset).__name__, len(dataset), classes, tuple(sample.shape), sample.dtype, args),
+    )
+    context = Context(
+        num_workers=args["num_workers"],
+        prefetch_factor=cfg.loader.prefetch_factor,
+        batch_bytes=cfg.loader.batch_size * sample.element_size() * sample.nelement(),
+        peak_pss_mb=0.0,
+        timeout_s=cfg.loader.timeout,
+    )
+    check_shm(context)
+    return Workload(
+        dataset=dataset,
+        train_set=train_set,
+        val_set=val_set,
+        sample=sample,
+        num_classes=classes,
+        model=model,
+        optimizer=build_optimizer(cfg.trainer, model),
+        loader=build_loader(train_set, args, cfg.trainer.seed, cfg.trainer.stream, ranks),
+        loader_args=args,
+        normalise=make_input_transform(hw, sample.shape[0]),
+        context=context,
+    )
+
+
+def _first_sample(dataset: Dataset) -> torch.Tensor:
+    sample, _ = GuardedDataset(dataset, "raise")[0]
+    if isinstance(sample, np.ndarray):  # the default collate batches it as a tensor
+        sample = torch.as_tensor(sample)
+    if not isinstance(sample, torch.Tensor):  # the model and the loader's sizing need one
+        raise unbatchable_sample(repr(type(sample)))
+    return sample
+
+
+def _loader_args(loader: DictConfig, hw: Hardware, ranks: Ranks) -> dict:
+    """The DataLoader's arguments; ``loader.num_workers`` is the machine's, split by rank."""
+    args = loader_kwargs(loader, hw)
+    per_rank = distributed.workers_per_rank(loader.num_workers, ranks)
+    if per_rank != loader.num_workers:
+        log.info(
+            "loader.num_workers=%d is the machine's: %d per rank for %d ranks on it",
+            *(loader.num_workers, per_rank, ranks.local_world_size),
+        )
+        args["num_workers"] = per_rank
+    return args
+
+
+def evaluate_held_out(
+    work: Workload, cfg: DictConfig, hw: Hardware
+) -> tuple[float | None, float | None]:
+    """Loss and accuracy on the held-out split (trainer.val_fraction), with the same loader."""
+    if work.val_set is None:
+        return None, None
+    args = {**work.loader_args, "shuffle": False, "drop_last": False, "persistent_workers": False}
+    on_error = cfg.dataset.get("on_error", "raise")
+    loader = build_loader(GuardedDataset(work.val_set, on_error), args, cfg.trainer.seed)
+    return evaluate(work.model, loader, hw, work.normalise)
