@@ -44,11 +44,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from feedrate import ceiling, stats
+from feedrate import stats
 from feedrate.environment import git_commit
 from feedrate.hardware import detect, usable_cores
-from feedrate.sweep import resolved_settings
-from feedrate.trial import TrialResult, run_trial
+from feedrate.sweep import ceiling
+from feedrate.sweep.decide import resolved_settings
+from feedrate.sweep.trial import TrialResult, run_trial
 
 ROOT = Path(__file__).resolve().parents[1]
 

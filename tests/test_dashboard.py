@@ -30,7 +30,7 @@ def _get(url: str) -> tuple[int, dict]:
 
 
 def test_the_dashboard_serves_a_study_the_sweep_wrote(tmp_path):
-    from feedrate.study import REASON_KEY
+    from feedrate.sweep.study import REASON_KEY
 
     storage = f"sqlite:///{tmp_path / 'loader-x.db'}"
     study = optuna.create_study(study_name="loader-x", storage=storage, direction="maximize")

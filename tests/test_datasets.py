@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.data import Subset
 
+from feedrate import datacache
 from feedrate import dataset as ds
 from feedrate.checks import check_picklable, find_unpicklable
 from feedrate.dataset import GuardedDataset, RunSplit, build_dataset
@@ -31,7 +32,7 @@ def test_photos_build_once_then_reuse(compose, photos_root, caplog, monkeypatch)
     def no_rebuild(*args, **kwargs):
         raise AssertionError("the photo set was rebuilt instead of reused")
 
-    monkeypatch.setattr(ds, "_render_photos", no_rebuild)
+    monkeypatch.setattr(datacache, "_render_photos", no_rebuild)
     again = build_dataset(cfg.dataset)
     assert again.samples == first.samples
 
@@ -54,9 +55,9 @@ def test_a_failed_build_leaves_nothing_half_written(tmp_path, monkeypatch):
         (tmp / "astronaut" / "000000.jpg").write_bytes(b"partial")
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(ds, "_render_photos", broken)
+    monkeypatch.setattr(datacache, "_render_photos", broken)
     with pytest.raises(OSError, match="No space left"):
-        ds.ensure_photos(tmp_path, 16, 90, 0)
+        datacache.ensure_photos(tmp_path, 16, 90, 0)
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
 
 

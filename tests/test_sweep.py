@@ -25,22 +25,20 @@ import torch
 from omegaconf import OmegaConf
 
 import feedrate
-from feedrate import ceiling, stats
+from feedrate import stats
 from feedrate.errors import ConfigError
-from feedrate.feasibility import FeasibilityGuard, Footprint, predict
-from feedrate.preset import MARKER, check_writable, preset_path, render
-from feedrate.sweep import (
-    Contestant,
-    decide,
-    drop_clearly_slower,
+from feedrate.sweep import ceiling
+from feedrate.sweep.decide import Contestant, decide, drop_clearly_slower, merge_identical
+from feedrate.sweep.feasibility import FeasibilityGuard, Footprint, predict
+from feedrate.sweep.preset import MARKER, check_writable, preset_path, render
+from feedrate.sweep.space import (
     max_threads,
     max_workers,
-    merge_identical,
     search_threads,
     seed_settings,
     seed_workers,
 )
-from feedrate.trial import TrialResult, run_trial
+from feedrate.sweep.trial import TrialResult, run_trial
 
 from .conftest import ROOT
 
@@ -190,7 +188,7 @@ def test_the_seeds_share_the_starting_loader_and_the_profiles_pinning(compose, m
     }, "streaming: persistent_workers is not searched; no CUDA: nor is pinning"
     cfg = compose("sweep=loader", "sweep.preset_name=x", "loader=recipe", "trainer.stream=false")
     assert seed_settings(cfg)["loader.persistent_workers"] is True
-    monkeypatch.setattr("feedrate.sweep.torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("feedrate.sweep.space.torch.cuda.is_available", lambda: True)
     cfg = compose("sweep=loader", "sweep.preset_name=x", "hardware=h200")
     assert seed_settings(cfg)["loader.pin_memory"] is True, "the gpu profile pins"
     cfg = compose(
@@ -200,30 +198,30 @@ def test_the_seeds_share_the_starting_loader_and_the_profiles_pinning(compose, m
 
 
 def test_worker_bound_is_far_past_the_core_count(monkeypatch):
-    monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 2.0)
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 2.0)
     cfg = OmegaConf.create({"sweep": {"max_workers": None}})
     assert max_workers(cfg) >= 64
-    monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 16.0)
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 16.0)
     assert max_workers(cfg) >= 8 * 16
 
 
 def test_the_first_trials_climb_a_ladder_of_worker_counts(monkeypatch):
-    monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 2.0)
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 2.0)
     cfg = OmegaConf.create({"sweep": {"max_workers": None}})
     assert seed_workers(cfg) == [2, 8, 32], "the 10 ms dataset peaks near 32 workers on 2 cores"
-    monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 16.0)
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 16.0)
     assert seed_workers(cfg) == [16, 64, max_workers(cfg)]
     cfg.sweep.max_workers = 4
     assert seed_workers(cfg) == [4], "sweep.max_workers bounds the seeds"
-    monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 2.0)
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 2.0)
     assert seed_workers(cfg) == [2, 4]
 
 
 def test_threads_are_searched_where_the_model_shares_the_cpu(compose, monkeypatch):
-    monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 2.0)
-    monkeypatch.setattr("feedrate.sweep.torch.get_num_threads", lambda: 4)
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 2.0)
+    monkeypatch.setattr("feedrate.sweep.space.torch.get_num_threads", lambda: 4)
     assert max_threads() == 4, "PyTorch's default counts the machine, not the job's share"
-    monkeypatch.setattr("feedrate.sweep.hardware.usable_cores", lambda: 6.0)
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 6.0)
     assert max_threads() == 6
     monkeypatch.undo()
     cfg = compose("sweep=loader", "model=pooled_linear", "hardware=cpu")
@@ -232,7 +230,7 @@ def test_threads_are_searched_where_the_model_shares_the_cpu(compose, monkeypatc
     assert not search_threads(cfg), "no model step: nothing to share the cores with"
     cfg = compose("sweep=loader", "model=pooled_linear", "sweep.search_threads=false")
     assert not search_threads(cfg)
-    monkeypatch.setattr("feedrate.sweep.torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("feedrate.sweep.space.torch.cuda.is_available", lambda: True)
     assert not search_threads(compose("sweep=loader", "model=pooled_linear")), "model on a GPU"
 
 
@@ -725,7 +723,7 @@ def test_a_sweep_stopped_mid_trial_resumes_its_study(project, sig):
 
 
 def test_one_study_runs_one_sweep_at_a_time(tmp_path):
-    from feedrate.study import lock
+    from feedrate.sweep.study import lock
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     held = lock(url, "s")
@@ -733,7 +731,7 @@ def test_one_study_runs_one_sweep_at_a_time(tmp_path):
         [
             sys.executable,
             "-c",
-            f"from feedrate.study import lock; lock({url!r}, 's')",
+            f"from feedrate.sweep.study import lock; lock({url!r}, 's')",
         ],
         capture_output=True,
         text=True,
@@ -761,7 +759,7 @@ def test_one_study_runs_one_sweep_at_a_time(tmp_path):
     ids=["quiet-again", "noisy-twice", "second-failed"],
 )
 def test_a_noisy_trial_is_measured_again(tmp_path, monkeypatch, second, expected_value, expected):
-    import feedrate.trial as trial
+    import feedrate.sweep.trial as trial
 
     runs = iter(
         [
@@ -789,7 +787,7 @@ def test_a_noisy_trial_is_measured_again(tmp_path, monkeypatch, second, expected
 
 
 def test_a_noisy_accuracy_is_not_measured_again(tmp_path, monkeypatch):
-    import feedrate.trial as trial
+    import feedrate.sweep.trial as trial
 
     calls = []
 
@@ -819,7 +817,7 @@ class HoldsLock(torch.utils.data.Dataset):
 
 
 def test_a_dataset_spawn_cannot_pickle_drops_spawn_from_the_search(compose, caplog):
-    from feedrate.sweep import start_methods
+    from feedrate.sweep.space import start_methods
 
     cfg = compose(
         "dataset=custom",

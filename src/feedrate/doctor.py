@@ -29,7 +29,7 @@ from feedrate.errors import FeedrateError
 from feedrate.faults import Context, shm_needed
 from feedrate.launch import compose, default_config_dir
 from feedrate.monitor import data_workers
-from feedrate.preset import plain_data_problems
+from feedrate.sweep.preset import plain_data_problems
 
 MB = 2**20
 # The share of available memory and free /dev/shm a loader may be planned to take.

@@ -140,9 +140,17 @@ def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
         lines = [ln for ln in str(exc).splitlines() if "could not be loaded" in ln]
         message = lines[-1].split("SampleError: ", 1)[-1] if lines else str(exc)
         return SampleError(message)
-    named = _collate_problem(text)
-    if named is not None:
-        return named
+    # Exit codes of ended workers: one that could not send a batch names the cause by its code
+    codes = {*ctx.worker_exit_codes, *map(int, re.findall(r"with exit code (\d+)", text))}
+    return (
+        _collate_problem(text)
+        or _out_of_resources(text, codes, ctx)
+        or _worker_ended(text, codes, ctx)
+    )
+
+
+def _out_of_resources(text: str, codes: set[int], ctx: Context) -> LoaderFailure | None:
+    """Memory (the OOM killer), /dev/shm or file descriptors ran out."""
     if re.search(r"DataLoader worker \(pid.*\) is killed by signal: Killed", text):
         vm = psutil.virtual_memory()
         return LoaderFailure(
@@ -153,8 +161,6 @@ def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
             " loader.prefetch_factor or loader.batch_size, or a dataset whose workers share"
             " memory (dataset=memmap; numpy arrays instead of Python lists)"
         )
-    # Exit codes of ended workers: one that could not send a batch names the cause by its code
-    codes = {*ctx.worker_exit_codes, *map(int, re.findall(r"with exit code (\d+)", text))}
     if errno.ENOSPC in codes or (
         re.search(r"Bus error|insufficient shared memory|No space left on device", text)
         and ("shm" in text or "shared memory" in text or "Bus error" in text)
@@ -172,6 +178,11 @@ def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
             " (ulimit -n 65536) or"
             " lower loader.num_workers / loader.prefetch_factor"
         )
+    return None
+
+
+def _worker_ended(text: str, codes: set[int], ctx: Context) -> LoaderFailure | None:
+    """A worker hung, could not send a batch, was killed by a signal or exited."""
     if re.search(r"DataLoader timed out after", text):
         return LoaderFailure(
             f"no batch arrived within loader.timeout={ctx.timeout_s:g} s: a worker is stuck in"

@@ -99,7 +99,9 @@ def summarise(
     run: dict | None = None,
 ) -> dict:
     """metrics.json of one rank: what the meter measured, what the monitor saw, the held-out
-    loss and accuracy, and ``run`` (the settings and machine); ``device`` is "CPU" or "CUDA"."""
+    loss and accuracy, and ``run`` (the settings and machine); ``device`` is "CPU" or "CUDA".
+
+    Longer than most functions here on purpose: its one dict is the file's whole schema."""
     times = result.times
     total_step = sum(times.step_s)
     wait_frac = sum(times.wait_s) / total_step if total_step > 0 else float("nan")

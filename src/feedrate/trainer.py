@@ -69,6 +69,10 @@ def make_input_transform(hw: Hardware, channels: int) -> Callable[..., torch.Ten
     return normalise
 
 
+def _bar_style(cfg: DictConfig) -> dict:
+    return {"disable": not cfg.progress, "dynamic_ncols": True}
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -267,14 +271,7 @@ def train(
     total = planned_steps(cfg, loader)
     measure = Measure(getattr(cfg.measure, "value", cfg.measure))
     where = _Where(resume.step, resume.epoch) if resume is not None else _Where(0, 0)
-    bar = tqdm(
-        total=total,
-        initial=where.step,
-        unit="step",
-        desc="train",
-        disable=not cfg.progress,
-        dynamic_ncols=True,
-    )
+    bar = tqdm(total=total, initial=where.step, unit="step", desc="train", **_bar_style(cfg))
     meter = Meter(
         cfg,
         total=total,

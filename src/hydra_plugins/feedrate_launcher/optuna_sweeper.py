@@ -64,7 +64,7 @@ class FeedrateOptunaSweeper(OptunaSweeper):
             _write_results(self.sweeper)
             return None
         except KeyboardInterrupt:
-            from feedrate.study import fail_unfinished
+            from feedrate.sweep.study import fail_unfinished
 
             impl = self.sweeper  # the plugin keeps its settings on its implementation
             study = optuna.load_study(study_name=impl.study_name, storage=impl.storage)

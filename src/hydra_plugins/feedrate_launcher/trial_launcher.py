@@ -54,7 +54,7 @@ class FeedrateTrialLauncher(Launcher):
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
-        from feedrate.feasibility import FeasibilityGuard
+        from feedrate.sweep.feasibility import FeasibilityGuard
 
         self.config = config
         self.hydra_context = hydra_context
@@ -63,7 +63,7 @@ class FeedrateTrialLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from feedrate.trial import OK, SKIPPED, TrialFailed, TrialResult, run_trial
+        from feedrate.sweep.trial import OK, SKIPPED, TrialFailed, TrialResult, run_trial
 
         assert self.config is not None and self.hydra_context is not None
         script = Path(sys.argv[0]).resolve()
@@ -99,24 +99,7 @@ class FeedrateTrialLauncher(Launcher):
             if result.status == OK:
                 ret.status = JobStatus.COMPLETED
                 ret.return_value = result.value
-                if self.best is None or result.value > self.best:
-                    self.best = result.value
-                wait = result.metrics.get("data_wait_frac")
-                log.info(
-                    "trial #%d %s -> %s %.1f, data wait %s (best so far %.1f)",
-                    idx,
-                    shown,
-                    objective,
-                    result.value,
-                    f"{wait:.0%}" if isinstance(wait, float) else "?",
-                    self.best,
-                )
-                if result.reason:  # measured again, or doubtful: say so beside the figure
-                    log.warning("trial #%d: %s", idx, result.reason)
-                if result.metrics.get("abandoned"):
-                    log.info(
-                        "trial #%d %s (half the best so far)", idx, result.metrics["abandoned"]
-                    )
+                self._log_trial(idx, shown, objective, result)
                 self._check_ceiling(sweep_config, idx, result.value)
             else:
                 ret.status = JobStatus.FAILED
@@ -124,6 +107,22 @@ class FeedrateTrialLauncher(Launcher):
                 log.warning("trial #%d %s -> %s: %s", idx, shown, result.status, result.reason)
             returns.append(ret)
         return returns
+
+    def _log_trial(self, idx: int, shown: str, objective: str, result) -> None:
+        """One line per trial, with the best so far; and why it was re-measured or cut short."""
+        if self.best is None or result.value > self.best:
+            self.best = result.value
+        wait = result.metrics.get("data_wait_frac")
+        log.info(
+            "trial #%d %s -> %s %.1f, data wait %s (best so far %.1f)",
+            *(idx, shown, objective, result.value),
+            f"{wait:.0%}" if isinstance(wait, float) else "?",
+            self.best,
+        )
+        if result.reason:  # measured again, or doubtful: say so beside the figure
+            log.warning("trial #%d: %s", idx, result.reason)
+        if result.metrics.get("abandoned"):
+            log.info("trial #%d %s (half the best so far)", idx, result.metrics["abandoned"])
 
     def _abandon(self, config: DictConfig, objective: str) -> list[str]:
         """The override that ends a clearly worse trial early: below a share of the best."""
@@ -137,14 +136,14 @@ class FeedrateTrialLauncher(Launcher):
         the loader sweep measured before searching (``ceilings.json`` in the sweep dir)."""
         if not config.get("sweep"):
             return
-        from feedrate.sweep import read_ceiling
+        from feedrate.sweep.ceiling import read_ceiling
 
         if not self._ceiling_read:
             self._ceiling = read_ceiling(config.hydra.sweep.dir)
             self._ceiling_read = True
         if self._ceiling is None or self.stop_reason:
             return
-        from feedrate import ceiling
+        from feedrate.sweep import ceiling
 
         reach = value / self._ceiling.value
         verdict = ceiling.near(value, self._ceiling.value, config.sweep.stop_within)

@@ -22,7 +22,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
+from omegaconf import DictConfig
 
+from feedrate.errors import ConfigError
 from feedrate.files import atomic_write_text
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
@@ -235,3 +237,21 @@ def _run_once(
             result.status, result.value = OK, float(value)
     result.save()
     return result
+
+
+def conf_dir(config: DictConfig) -> Path:
+    for source in config.hydra.runtime.config_sources:
+        if source.provider == "main" and source.schema == "file":
+            return Path(source.path)
+    raise ConfigError("cannot find the config directory to write the preset into")
+
+
+def base_args(config: DictConfig) -> list[str]:
+    """The command line's overrides, which every trial repeats."""
+    return list(config.hydra.overrides.task)
+
+
+def hydra_args(config: DictConfig) -> list[str]:
+    """The command line's ``hydra.*`` overrides that shape the sweep (trials, launcher)."""
+    own = ("hydra.mode", "hydra.sweep.dir", "hydra.run.dir", "hydra.sweeper.study_name")
+    return [a for a in config.hydra.overrides.hydra if not a.startswith(own)]

@@ -7,11 +7,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from feedrate.errors import ConfigError
 from feedrate.files import atomic_write_text
+from feedrate.sweep.space import default_threads
 
 MARKER = "# feedrate-preset: written by `python train.py -m sweep=loader`"
 # Keys a preset may set: the DataLoader's own, as in LoaderConfig. Nothing executable.
@@ -160,3 +162,16 @@ def compose_back(script: str | Path, name: str, extra: list[str]) -> dict:
         raise ConfigError(f"the written preset loader={name} does not compose: {proc.stderr}")
     node = yaml.safe_load(proc.stdout)
     return node.get("loader", node) if isinstance(node, dict) else {}
+
+
+def preset_values(loader: dict, with_batch_size: bool) -> dict:
+    """The keys a preset records: the worker settings (and batch size if it was tuned)."""
+    keys = [k for k in PRESET_KEYS if k != "batch_size" or with_batch_size]
+    # PyTorch's own thread counts go unsaid: a preset moved to a bigger machine gets its default
+    return {k: loader[k] for k in keys if k in loader and not _default_threads(k, loader[k])}
+
+
+def _default_threads(key: str, value: Any) -> bool:
+    if key not in ("worker_threads", "main_threads"):
+        return False
+    return value is None or value == default_threads()[f"loader.{key}"]

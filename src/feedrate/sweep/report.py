@@ -16,8 +16,8 @@ import optuna  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from feedrate.files import atomic_write_text  # noqa: E402
-from feedrate.study import REASON_KEY  # noqa: E402
-from feedrate.trial import TrialResult  # noqa: E402
+from feedrate.sweep.study import REASON_KEY  # noqa: E402
+from feedrate.sweep.trial import TrialResult  # noqa: E402
 
 PARAMS = (
     "num_workers",
@@ -166,9 +166,14 @@ def write_markdown(
 
 
 def plot_all(sweep_dir: Path, table: list[dict], contestants, decision) -> None:
-    ok = [r for r in table if r["status"] in ("ok", "complete") and r.get("samples_per_sec")]
+    _plot_workers(sweep_dir / "samples_vs_workers.png", table)
+    _plot_search(sweep_dir / "trials_over_time.png", table)
+    _plot_final(sweep_dir / "final_comparison.png", contestants, decision)
 
-    # samples/s against num_workers, one series per (persistent_workers, start method) setting
+
+def _plot_workers(path: Path, table: list[dict]) -> None:
+    """samples/s against num_workers, one series per (persistent_workers, start method)."""
+    ok = [r for r in table if r["status"] in ("ok", "complete") and r.get("samples_per_sec")]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series: dict[str, list] = {}
     for r in ok:
@@ -196,10 +201,12 @@ def plot_all(sweep_dir: Path, table: list[dict], contestants, decision) -> None:
     if series:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(sweep_dir / "samples_vs_workers.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
-    # the search over time, with the best so far
+
+def _plot_search(path: Path, table: list[dict]) -> None:
+    """The search over time, with the best so far."""
     search = [r for r in table if r["phase"] in ("search", "earlier session")]
     fig, ax = plt.subplots(figsize=(7, 4))
     best, xs, ys, bests, fails = 0.0, [], [], [], []
@@ -222,10 +229,12 @@ def plot_all(sweep_dir: Path, table: list[dict], contestants, decision) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(sweep_dir / "trials_over_time.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
-    # baselines against candidates in the final round
+
+def _plot_final(path: Path, contestants, decision) -> None:
+    """Baselines against candidates in the final rounds."""
     measured = [c for c in contestants if c.median is not None]
     fig, ax = plt.subplots(figsize=(7, 4))
     names = [c.label for c in measured]
@@ -243,7 +252,7 @@ def plot_all(sweep_dir: Path, table: list[dict], contestants, decision) -> None:
     ax.set_title("Final re-measurement: baselines (gray), candidates, winner (green)")
     fig.autofmt_xdate(rotation=20)
     fig.tight_layout()
-    fig.savefig(sweep_dir / "final_comparison.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 

@@ -12,7 +12,23 @@ model on one device-resident batch). Which ceiling they make depends on where th
 
 from __future__ import annotations
 
+import json
+import logging
+import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from omegaconf import DictConfig
+
+from feedrate.files import atomic_write_text
+from feedrate.sweep.space import seed_workers
+from feedrate.sweep.trial import base_args, run_trial
+
+if TYPE_CHECKING:
+    from feedrate.sweep.decide import Contestant
+
+log = logging.getLogger(__name__)
 
 GPU, SHARED, LOADER = "gpu", "shared", "loader"
 
@@ -117,3 +133,103 @@ def gap(end_to_end: float, ceiling: Ceiling) -> tuple[str, dict[str, float]]:
         " running them together (waits, copies, synchronisation)"
     )
     return words, shares
+
+
+CEILINGS_FILE = "ceilings.json"
+
+
+def measure_ceilings(config: DictConfig) -> Ceiling | None:
+    """Loader-only (the better of the lowest and the highest seed: CPU-bound decoding peaks
+    near the cores, latency-bound reads far past them) and compute-only, a few seconds each,
+    before the search: the applicable ceiling goes to ``<sweep dir>/ceilings.json``, where the
+    trial launcher reads it to stop the search near it. None when it does not apply."""
+    measure = getattr(config.trainer.measure, "value", config.trainer.measure)
+    if not config.sweep.measure_ceilings or config.objective != "samples_per_sec":
+        return None
+    if measure != "train":
+        log.info(
+            "no ceiling measured before the search: with trainer.measure=%s the trials measure"
+            " that side alone already",
+            measure,
+        )
+        return None
+    script = Path(sys.argv[0]).resolve()
+    out = Path(config.hydra.sweep.dir) / "ceilings"
+    timeout = config.hydra.launcher.timeout_s
+    base = base_args(config)  # sweep=loader among them: the trials' own measurement
+    seeds = seed_workers(config)
+    at = {
+        n: run_trial(
+            script,
+            [*base, "trainer.measure=loader", f"loader.num_workers={n}"],
+            out / f"loader_{n}",
+            timeout,
+        )
+        for n in sorted({seeds[0], seeds[-1]})
+    }
+    measured = {n: r for n, r in at.items() if r.ok}
+    workers = max(measured, key=lambda n: measured[n].value) if measured else seeds[-1]
+    loader = at[workers]
+    compute = run_trial(script, [*base, "trainer.measure=compute"], out / "compute", timeout)
+    (Path(config.hydra.sweep.dir) / CEILINGS_FILE).unlink(missing_ok=True)
+    if not (loader.ok and compute.ok):
+        failed = loader if not loader.ok else compute
+        log.warning(
+            "the ceilings could not be measured (%s), so the search runs every trial: %s",
+            Path(failed.job_dir).name,
+            failed.reason,
+        )
+        return None
+    limit = Ceiling(
+        kind_of(compute.metrics["run"]["device"], "train"),
+        loader.value,
+        compute.value,
+        f"{workers} workers",
+    )
+    atomic_write_text(
+        Path(config.hydra.sweep.dir) / CEILINGS_FILE, json.dumps(limit.as_dict(), indent=2)
+    )
+    log.info(
+        "ceiling: %s; the search stops when a trial reaches %.2f of it",
+        limit.describe(),
+        1 - config.sweep.stop_within,
+    )
+    return limit
+
+
+def read_ceiling(sweep_dir: str | Path) -> Ceiling | None:
+    path = Path(sweep_dir) / CEILINGS_FILE
+    if not path.exists():
+        return None
+    return Ceiling.from_dict(json.loads(path.read_text()))
+
+
+def measure_gap(config: DictConfig, winner: Contestant, sweep_dir: Path) -> dict | None:
+    """The differential method at the winner's settings: its end-to-end figure against its
+    own loader-only run and the compute-only one measured before the search."""
+    limit = read_ceiling(sweep_dir)
+    if limit is None or winner.median is None:
+        return None
+    script = Path(sys.argv[0]).resolve()
+    res = run_trial(
+        script,
+        [
+            *winner.overrides,
+            f"trainer.max_seconds={config.sweep.final_seconds}",
+            "trainer.measure=loader",
+        ],
+        sweep_dir / "ceilings" / "loader_winner",
+        config.hydra.launcher.timeout_s,
+    )
+    if not res.ok:
+        log.warning("the winner's loader-only run failed (%s): no gap analysis", res.reason)
+        return None
+    at_winner = Ceiling(limit.kind, res.value, limit.compute_only, f"{winner.label}'s settings")
+    words, shares = gap(winner.median, at_winner)
+    log.info("where the time goes: %s", words)
+    return {
+        "ceiling": at_winner.as_dict(),
+        "end_to_end": winner.median,
+        "words": words,
+        "shares": shares,
+    }

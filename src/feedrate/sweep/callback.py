@@ -1,0 +1,369 @@
+"""The sweep's Hydra callback: before the study, the ceilings and the seeds; after it, the
+final rounds, the decision, the preset and the report (``python train.py -m sweep=loader``).
+
+Hydra's Optuna sweeper runs the study (TPE, one trial at a time, SQLite storage so a second run
+resumes it); ``hydra/launcher=loader_trial`` runs each trial in a fresh process with a time
+limit (:mod:`feedrate.sweep.trial`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from feedrate import environment, hardware, stats
+from feedrate.errors import ConfigError, FeedrateError
+from feedrate.files import atomic_write_text
+from feedrate.sweep.ceiling import measure_ceilings, measure_gap
+from feedrate.sweep.decide import (
+    BASELINES,
+    Contestant,
+    Decision,
+    clearly_slower,
+    decide,
+    described,
+    drop_clearly_slower,
+    merge_identical,
+    write_decision,
+)
+from feedrate.sweep.preset import (
+    check_plain_data,
+    check_writable,
+    compose_back,
+    preset_path,
+    preset_values,
+    render,
+)
+from feedrate.sweep.preset import write_preset as write_preset_file
+from feedrate.sweep.space import (
+    check_sweep,
+    default_threads,
+    search_threads,
+    seed_settings,
+    seed_workers,
+    start_methods,
+)
+from feedrate.sweep.study import fail_unfinished
+from feedrate.sweep.study import lock as lock_study
+from feedrate.sweep.trial import TrialResult, base_args, conf_dir, hydra_args, run_trial
+
+if TYPE_CHECKING:  # optuna takes a second to import; trial processes load this module too
+    import optuna
+
+log = logging.getLogger(__name__)
+
+
+class Phases:
+    """Where the sweep's wall time went: the ceilings, the search, the final rounds, the gap."""
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self.clock = clock
+        self.seconds: dict[str, float] = {}
+        self._last = clock()
+
+    def done(self, phase: str) -> None:
+        now = self.clock()
+        self.seconds[phase] = round(now - self._last, 1)
+        self._last = now
+
+    def describe(self) -> str:
+        """``312 s: ceilings 25, search 114, final 165, gap 8``"""
+        parts = ", ".join(f"{k} {v:.0f}" for k, v in self.seconds.items())
+        return f"{sum(self.seconds.values()):.0f} s: {parts}"
+
+
+class SweepFailed(FeedrateError):
+    """No configuration could be measured: nothing to decide, no preset written."""
+
+    exit_code = 1
+
+
+def _failure_summary(search: list[TrialResult]) -> str:
+    reasons: dict[str, int] = {}
+    for r in search:
+        if not r.ok:
+            reasons[f"{r.status}: {r.reason}"] = reasons.get(f"{r.status}: {r.reason}", 0) + 1
+    lines = [f"  {n} x {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])]
+    return (
+        f"every trial of the study failed ({len(search)} in this session); no preset was"
+        " written and any existing one is untouched. Reasons:\n"
+        + "\n".join(lines)
+        + "\nEach trial's output is in <sweep dir>/<n>/trial.log"
+    )
+
+
+def _fail(exc: BaseException) -> None:
+    """End the sweep with a message; Hydra turns a callback's exception into a mere warning."""
+    if isinstance(exc, FeedrateError):
+        log.error("%s", exc)
+        sys.exit(exc.exit_code)
+    log.exception("the loader sweep failed: %s", exc)
+    sys.exit(1)
+
+
+class LoaderSweep(Callback):
+    """Hydra callback for ``sweep=loader``: checks and seeding before, decision after."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            self._start(config)
+        except Exception as exc:  # noqa: BLE001 - see _fail
+            _fail(exc)
+
+    def _start(self, config: DictConfig) -> None:
+        self._phases = Phases()
+        name = config.sweep.preset_name
+        path = preset_path(conf_dir(config), name)
+        check_writable(path, config.sweep.overwrite)
+        check_sweep(config)
+        start_methods(config)  # says now, before any trial, if the dataset rules some out
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # feedrate logs what matters
+        sweeper = config.hydra.sweeper
+        direction = getattr(sweeper.direction, "name", sweeper.direction)
+        self._lock = lock_study(sweeper.storage, sweeper.study_name)  # held until exit
+        study = optuna.create_study(
+            study_name=sweeper.study_name,
+            storage=sweeper.storage,
+            direction=str(direction),
+            load_if_exists=True,
+        )
+        if self._lock is not None:  # we own the study: a running trial is a dead sweep's
+            stale = fail_unfinished(
+                study, "interrupted: the sweep running it stopped before the trial finished"
+            )
+            if stale:
+                log.warning(
+                    "trial(s) %s of study %s were left running by a sweep that stopped: marked"
+                    " failed; its finished trials are kept",
+                    ", ".join(map(str, stale)),
+                    sweeper.study_name,
+                )
+        earlier = len(study.trials)
+        if earlier == 0:
+            # the seeds run PyTorch's thread counts; the search moves them from there
+            threads = {}  # the seeds run PyTorch's thread counts
+            if search_threads(config):
+                threads = default_threads()
+                if "fork" in start_methods(config):  # searched only for other start methods
+                    del threads["loader.worker_threads"]
+            same = seed_settings(config)
+            for workers in seed_workers(config):
+                study.enqueue_trial({"loader.num_workers": workers, **same, **threads})
+        measure_ceilings(config)
+        self._phases.done("ceilings")
+        log.info(
+            "loader sweep: study %s (%s), %d earlier trials; up to %d new trials, one at a time,"
+            " each in a fresh process (limit %g s); then %d finalists and the baselines measured"
+            " %d times; preset -> %s",
+            sweeper.study_name,
+            sweeper.storage,
+            earlier,
+            sweeper.n_trials,
+            config.hydra.launcher.timeout_s,
+            config.sweep.finalists,
+            config.sweep.final_rounds,
+            path,
+        )
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            self._finish(config)
+        except KeyboardInterrupt:
+            log.error(
+                "interrupted (Ctrl-C) during the final re-measurement: the study's trials are"
+                " kept and no preset was written. Run the same command with"
+                " hydra.sweeper.n_trials=0 to redo only the final phase"
+            )
+            sys.exit(130)
+        except Exception as exc:  # noqa: BLE001 - see _fail
+            _fail(exc)
+
+    def _finish(self, config: DictConfig) -> None:
+        import optuna
+
+        from feedrate.sweep import report
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweeper = config.hydra.sweeper
+        phases = getattr(self, "_phases", None) or Phases()
+        phases.done("search")
+        study = optuna.load_study(study_name=sweeper.study_name, storage=sweeper.storage)
+        search = report.collect_search(sweep_dir)
+        contestants = self._contestants(config, study, search)
+        contestants = self._remeasure(config, contestants, sweep_dir / "final")
+        phases.done("final")
+        decision = decide(contestants)
+        log.info("decision: %s", decision.reason)
+        write_decision(sweep_dir, decision)  # kept if the gap's run is interrupted
+        gap = measure_gap(config, decision.winner, sweep_dir)
+        phases.done("gap")
+        log.info("the sweep's phases took %s", phases.describe())
+        write_decision(sweep_dir, decision, phases.seconds)
+
+        name = config.sweep.preset_name
+        path = preset_path(conf_dir(config), name)
+        winner_result = next(r for r in decision.winner.results if r.ok)
+        atomic_write_text(
+            sweep_dir / "best_config.yaml",
+            (Path(winner_result.job_dir) / ".hydra" / "config.yaml").read_text(),
+        )
+        report.write_all(sweep_dir, config, study, search, contestants, decision, gap)
+        if config.sweep.write_preset:
+            self._write_preset(config, path, decision, study)
+        log.info("sweep report: %s", sweep_dir / "sweep_report.md")
+
+    def _contestants(
+        self, config: DictConfig, study: optuna.Study, search: list[TrialResult]
+    ) -> list[Contestant]:
+        args = base_args(config)
+        without_loader = [a for a in args if not a.startswith("loader=")]
+        selected = config.hydra.runtime.choices.get("loader", "default")
+        contestants = [
+            Contestant(b, [*without_loader, f"loader={b}"], True)
+            for b in dict.fromkeys([*BASELINES, selected])
+        ]
+        from optuna.trial import TrialState
+
+        done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+        if not done:
+            raise SweepFailed(_failure_summary(search))
+        seen: set[tuple] = set()
+        maximize = study.direction.name == "MAXIMIZE"
+        for t in sorted(done, key=lambda t: t.value, reverse=maximize):
+            key = tuple(sorted(t.params.items()))
+            if key in seen:
+                continue
+            seen.add(key)
+            params = [f"{k}={v}" for k, v in t.params.items()]
+            contestants.append(Contestant(f"trial {t.number}", [*args, *params], False))
+            if len(seen) >= config.sweep.finalists:
+                break
+        return contestants
+
+    def _remeasure(
+        self, config: DictConfig, contestants: list[Contestant], out: Path
+    ) -> list[Contestant]:
+        """Alternating rounds of every contestant; after the first, contestants that ran the
+        same resolved settings are one (measured once from then on). A finalist's search run
+        is not one of them: chosen for being high, it is biased high. Returns those left."""
+        from tqdm import tqdm
+
+        script = Path(sys.argv[0]).resolve()
+        rounds = config.sweep.final_rounds
+        timeout = config.hydra.launcher.timeout_s
+        # The decision rests on these runs: longer windows than the search's, less noise.
+        longer = [f"trainer.max_seconds={config.sweep.final_seconds}"]
+        bar = tqdm(total=rounds * len(contestants), desc="final re-measurement", unit="run")
+        for r in range(rounds):
+            # Alternate, and reverse every other round, so drift hits everyone alike.
+            live = [c for c in contestants if not c.dropped]
+            for c in live if r % 2 == 0 else live[::-1]:
+                slug = c.name.replace(" ", "_")
+                res = run_trial(script, [*c.overrides, *longer], out / f"round{r}_{slug}", timeout)
+                c.results.append(res)
+                shown = f"{res.value:,.1f} samples/s" if res.ok else f"{res.status}: {res.reason}"
+                bar.write(f"final round {r + 1}/{rounds}: {c.name:>12} -> {shown}")
+                bar.update(1)
+            if r == 0:
+                merged = merge_identical(contestants, bool(config.trainer.stream))
+                for c in merged:
+                    if c.aliases:
+                        bar.write(f"{c.label}: same settings, measured as one from now on")
+                bar.total -= (rounds - 1) * (len(contestants) - len(merged))
+                contestants = merged
+            if r == 1:
+                for c in drop_clearly_slower(contestants):
+                    bar.write(f"{c.label}: {c.dropped}")
+                    bar.total -= rounds - 2
+        bar.close()
+        return contestants
+
+    def _write_preset(
+        self, config: DictConfig, path: Path, decision: Decision, study: optuna.Study
+    ) -> None:
+        name = path.stem
+        tuned = preset_values(decision.winner.loader(), config.sweep.tune_batch_size)
+        streamed = config.trainer.stream and tuned.get("num_workers", 0) > 0
+        if streamed:  # measured without epoch ends; persistence only saves restarts
+            tuned["persistent_workers"] = True
+        text = render(tuned, _preset_header(config, decision, study, name, streamed))
+        script = Path(sys.argv[0]).resolve()
+
+        def verify() -> None:
+            check_plain_data(path)  # what feedrate reads back never runs code
+            composed = compose_back(script, name, [])
+            for key, value in tuned.items():
+                if composed.get(key) != value:
+                    raise ConfigError(
+                        f"the written preset loader={name} composes to {key}={composed.get(key)!r}"
+                        f" instead of {value!r}"
+                    )
+
+        write_preset_file(path, text, config.sweep.overwrite, verify)
+        log.info("wrote %s; use it with: python train.py loader=%s", path, name)
+
+
+def _preset_header(
+    config: DictConfig, decision: Decision, study: optuna.Study, name: str, streamed: bool
+) -> list[str]:
+    """The preset's header: how it was measured, against what, on which machine, and the
+    commands that measure it again."""
+    winner = decision.winner
+    # What the winner was measured on, as its own run recorded it
+    measured_on = json.loads(
+        (Path(next(r for r in winner.results if r.ok).job_dir) / "environment.json").read_text()
+    )
+    base = decision.best_baseline
+    afresh = [a for a in base_args(config) if not a.startswith("sweep.study_dir=")]
+    fresh = f"{config.sweep.study_dir}/{datetime.now():%Y-%m-%d_%H-%M-%S}"
+    lines = [
+        f"python train.py loader={name}",
+        f"Measured {datetime.now().isoformat(timespec='seconds')} by a loader sweep, study"
+        f" {study.study_name}.",
+        f"Winner: {winner.name}, median {winner.median:,.1f} samples/s"
+        f" (spread {winner.spread:,.1f}).",
+    ]
+    for c in decision.contestants:
+        if c is winner or c.median is None:
+            continue
+        versus = stats.compare(winner.values, c.values)
+        against = c.dropped or clearly_slower(c, winner) or described(versus)
+        lines.append(
+            f"  vs {c.label}: {c.median:,.1f} samples/s; {winner.name} / it = {against}"
+            f" (95% interval, {len(c.values)} runs)"
+        )
+    lines += [
+        f"Decision: {decision.reason}.",
+        f"Best baseline: {base.label if base else 'none measured'}.",
+        f"Workload: dataset={config.hydra.runtime.choices.get('dataset')}"
+        f" model={config.hydra.runtime.choices.get('model')}"
+        f" batch_size={config.loader.batch_size}.",
+        f"Hardware: {hardware.Fingerprint(**measured_on['fingerprint']).short()}.",
+        f"Software: {environment.short(measured_on)}.",
+        # a final run's own command line, the final window included
+        "Re-measure the winner as the sweep did: python train.py "
+        + " ".join(winner.ok_result().overrides),
+        "Re-run the sweep afresh (a new study): python train.py -m "
+        + " ".join([*afresh, *hydra_args(config), f"sweep.study_dir={fresh}"]),
+        "Plain data: the DataLoader's own arguments (and thread counts) on top of"
+        " loader/default.yaml.",
+        *(
+            [
+                "persistent_workers: true, measured streaming (no epoch ends): keeping"
+                " workers saves their restart at every epoch."
+            ]
+            if streamed
+            else []
+        ),
+    ]
+    return lines

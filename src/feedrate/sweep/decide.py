@@ -1,0 +1,269 @@
+"""How the sweep decides: contestants re-measured in alternating rounds, those with the same
+resolved settings folded into one, the clearly slower dropped, and the cheapest of those not
+significantly slower than the fastest wins (docs/design.md, "How the sweep decides")."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from feedrate import stats
+from feedrate.errors import FeedrateError
+from feedrate.files import atomic_write_text
+from feedrate.sweep.trial import TrialResult
+
+BASELINES = ("default", "recipe")
+
+
+def resolved_settings(metrics: dict, stream: bool) -> dict | None:
+    """What a run's DataLoader really ran with, as far as throughput can tell (None: unknown).
+
+    Two contestants with the same resolved settings are one configuration measured twice, not
+    a comparison: ``pin_memory`` is off without CUDA, ``prefetch_factor: null`` is 2, and the
+    worker-only settings mean nothing without workers; ``persistent_workers`` does nothing
+    while streaming (no epoch ends).
+    """
+    run = (metrics or {}).get("run") or {}
+    loader = run.get("loader")
+    if not loader:
+        return None
+    out = {
+        "batch_size": loader.get("batch_size"),
+        "num_workers": loader.get("num_workers", 0),
+        "pin_memory": bool(loader.get("pin_memory")),
+        "torch_threads": run.get("torch_threads"),
+    }
+    if out["num_workers"]:
+        out["prefetch_factor"] = loader.get("prefetch_factor") or 2
+        out["multiprocessing_context"] = loader.get("multiprocessing_context")
+        out["worker_threads"] = loader.get("worker_threads") or 1
+        if not stream:
+            out["persistent_workers"] = bool(loader.get("persistent_workers"))
+    return out
+
+
+@dataclass
+class Contestant:
+    name: str  # "recipe", "default", "trial 7", ...
+    overrides: list[str]
+    is_baseline: bool
+    results: list[TrialResult] = field(default_factory=list)
+    aliases: list[str] = field(default_factory=list)  # contestants that resolved to the same
+    dropped: str = ""  # why it was not measured to the last round (clearly slower)
+
+    @property
+    def label(self) -> str:
+        """``recipe = trial 3`` when several contestants are one configuration."""
+        return " = ".join([self.name, *self.aliases])
+
+    @property
+    def values(self) -> list[float]:
+        return [r.value for r in self.results if r.ok]
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"{r.status}: {r.reason}" for r in self.results if not r.ok]
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.values) if self.values else None
+
+    @property
+    def spread(self) -> float:
+        """(max - min) of the repeats, in samples/s."""
+        return max(self.values) - min(self.values) if len(self.values) > 1 else 0.0
+
+    def ok_result(self) -> TrialResult | None:
+        return next((r for r in self.results if r.ok), None)
+
+    def loader(self) -> dict:
+        r = self.ok_result()
+        if r is None:
+            return {}
+        composed = OmegaConf.load(Path(r.job_dir) / ".hydra" / "config.yaml")
+        return OmegaConf.to_container(composed.loader, resolve=True)
+
+    def cost(self) -> tuple[float, float]:
+        """Cheaper first: fewer workers, then less memory (PSS of the processes, and the
+        batches in /dev/shm, which is RAM too)."""
+        mem = [
+            (r.metrics.get("peak_pss_mb") or 0.0) + (r.metrics.get("peak_shm_mb") or 0.0)
+            for r in self.results
+            if r.ok
+        ]
+        return (self.loader().get("num_workers", 0), statistics.median(mem) if mem else 0.0)
+
+
+def merge_identical(contestants: list[Contestant], stream: bool) -> list[Contestant]:
+    """One contestant per resolved configuration: a later one that ran the same settings as an
+    earlier one is folded into it (its runs count for both); the order is kept."""
+    kept: list[tuple[dict | None, Contestant]] = []
+    for c in contestants:
+        r = c.ok_result()
+        key = resolved_settings(r.metrics, stream) if r is not None else None
+        twin = next((k for s, k in kept if key is not None and s == key), None)
+        if twin is None:
+            kept.append((key, c))
+            continue
+        twin.aliases += [c.name, *c.aliases]
+        twin.results += c.results
+        twin.is_baseline = twin.is_baseline or c.is_baseline
+    return [c for _, c in kept]
+
+
+CLEARLY_SLOWER = 0.5
+
+
+def clearly_slower(c: Contestant, fastest: Contestant) -> str:
+    """Why ``c`` is slower than ``fastest`` whatever the rounds, or empty: its best run below
+    ``CLEARLY_SLOWER`` times the fastest's worst. No run-to-run noise spans a factor of two
+    (PyTorch's default against 32 workers on I/O-bound data), so this needs no interval."""
+    if c is fastest or not c.values or max(c.values) >= CLEARLY_SLOWER * min(fastest.values):
+        return ""
+    return (
+        f"clearly slower: its best run, {max(c.values):,.1f} samples/s, is below half of the"
+        f" worst run of {fastest.label}, {min(fastest.values):,.1f}"
+    )
+
+
+def drop_clearly_slower(contestants: list[Contestant]) -> list[Contestant]:
+    """Mark the clearly slower contestants, so later rounds spend no time on them; returns
+    them."""
+    measured = [c for c in contestants if c.values and not c.failures and not c.dropped]
+    if not measured:
+        return []
+    fastest = max(measured, key=lambda c: c.median)
+    out = []
+    for c in measured:
+        why = clearly_slower(c, fastest)
+        if why:
+            c.dropped = f"{why}; not measured further"
+            out.append(c)
+    return out
+
+
+@dataclass
+class Decision:
+    winner: Contestant
+    fastest: Contestant
+    best_baseline: Contestant | None
+    reason: str
+    contestants: list[Contestant] = field(default_factory=list)
+    # each measured contestant against the fastest: the ratio of medians and its interval
+    versus_fastest: dict[str, stats.Comparison | None] = field(default_factory=dict)
+    # why each contestant shown slower than the fastest is (empty for the others)
+    why_slower: dict[str, str] = field(default_factory=dict)
+
+
+SAME_WORKERS = 0.10  # worker counts this close are equally cheap: memory decides
+
+
+def cheapest(contestants: list[Contestant]) -> Contestant:
+    """Fewest workers, then least memory: 50 workers with 15 GB of batches in /dev/shm are
+    not cheaper than 51 with 2 GB, so counts within ``SAME_WORKERS`` of the fewest are equal."""
+    cost = {c.name: c.cost() for c in contestants}  # each reads its run's config once
+    fewest = min(workers for workers, _ in cost.values())
+    near = [c for c in contestants if cost[c.name][0] <= fewest * (1 + SAME_WORKERS)]
+    return min(near, key=lambda c: (cost[c.name][1], cost[c.name][0], -c.median))
+
+
+def _significantly(versus: stats.Comparison | None) -> str:
+    if versus is None or versus.verdict != stats.LOSS:
+        return ""
+    return f"significantly: {versus.describe()}"
+
+
+def described(versus: stats.Comparison | None) -> str:
+    return versus.describe() if versus is not None else "(no comparison)"
+
+
+def decide(contestants: list[Contestant]) -> Decision:
+    """Among the contestants not shown slower than the fastest, the cheapest wins.
+
+    Every finalist and every baseline is weighed against the fastest: shown slower when
+    significantly so (:mod:`feedrate.stats`: 5 rounds, the interval and a rank test) or
+    clearly so (a factor of two, at any number of rounds). A contestant with any failed final
+    run is out, baselines included. Cheapest: fewest workers, then least memory.
+    """
+    eligible = [c for c in contestants if c.median is not None and not c.failures]
+    if not eligible:
+        reasons = "; ".join(f"{c.label}: {', '.join(c.failures) or 'no run'}" for c in contestants)
+        raise FeedrateError(
+            "no configuration ran every final run without failing, so there is nothing to"
+            f" decide and no preset was written ({reasons})"
+        )
+    fastest = max(eligible, key=lambda c: c.median)
+    versus = {c.name: stats.compare(c.values, fastest.values) for c in eligible}
+    why_slower = {
+        c.name: c.dropped or clearly_slower(c, fastest) or _significantly(versus[c.name])
+        for c in eligible
+    }
+    close = [c for c in eligible if c is fastest or not why_slower[c.name]]
+    winner = cheapest(close)
+    baselines = [c for c in eligible if c.is_baseline]
+    best_baseline = max(baselines, key=lambda c: c.median) if baselines else None
+    slower = [c for c in eligible if c not in close]
+    out = [c for c in contestants if c not in eligible]
+    if winner is fastest:
+        reason = f"{winner.label} is the fastest ({winner.median:,.1f} samples/s)"
+        others = [c for c in close if c is not winner]
+        if others:
+            reason += "; within noise of it but no cheaper: " + ", ".join(
+                f"{c.label} {described(versus[c.name])}" for c in others
+            )
+    else:
+        reason = (
+            f"{winner.label} ({winner.cost()[0]} workers) is not significantly slower than the"
+            f" fastest, {fastest.label} ({fastest.cost()[0]} workers):"
+            f" {described(versus[winner.name])}; the cheapest of those within noise wins"
+        )
+    if slower:
+        reason += "; slower: " + ", ".join(f"{c.label} ({why_slower[c.name]})" for c in slower)
+    if out:
+        reason += "; out for a failed final run: " + ", ".join(c.label for c in out)
+    return Decision(winner, fastest, best_baseline, reason, contestants, versus, why_slower)
+
+
+def write_decision(
+    sweep_dir: Path, decision: Decision, seconds: dict[str, float] | None = None
+) -> None:
+    """``final_decision.yaml`` beside Optuna's ``optimization_results.yaml``, which names the
+    best *search* trial: the final decision, after re-measuring, can differ from it; with
+    the seconds each phase of the sweep took."""
+    winner = decision.winner
+    data = {
+        "winner": winner.label,
+        "loader": winner.loader(),
+        "median_samples_per_sec": winner.median,
+        "reason": decision.reason,
+        "versus_fastest": {
+            c.name: {
+                **(decision.versus_fastest[c.name] or stats.Comparison(1, 1, 1, (0, 0))).as_dict(),
+                **(
+                    {"verdict": "slower", "why": decision.why_slower[c.name]}
+                    if decision.why_slower.get(c.name)
+                    else {}
+                ),
+            }
+            for c in decision.contestants
+            if c.name in decision.versus_fastest
+        },
+        **({"seconds": seconds} if seconds else {}),
+    }
+    note = (
+        "# The sweep's final decision, after re-measuring the finalists and the baselines in"
+        " alternating rounds.\n# optimization_results.yaml beside it is Optuna's best *search*"
+        " trial (one short run each), not this.\n"
+    )
+    atomic_write_text(sweep_dir / "final_decision.yaml", note + OmegaConf.to_yaml(data))
+    optuna_file = sweep_dir / "optimization_results.yaml"
+    if optuna_file.exists():
+        text = optuna_file.read_text()
+        pointer = (
+            "# best_params: the best search trial; the sweep's choice is final_decision.yaml\n"
+        )
+        if not text.startswith(pointer):
+            atomic_write_text(optuna_file, pointer + text)
