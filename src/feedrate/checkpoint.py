@@ -1,14 +1,6 @@
-"""Training state on disk: written atomically at an interval, read back to resume.
-
-A checkpoint holds what continuing needs: model, optimizer and grad-scaler state, the step,
-the loader's position (epoch, samples taken in it, and the state of the generator the epoch's
-shuffle was drawn from) and every random generator the run uses. Resuming restores all of it,
-so the run goes on from the next batch with no step lost or repeated, and samples come in the
-order the uninterrupted run would have seen. (Random augmentations inside workers are drawn
-afresh: a worker's random stream depends on which batches it was handed.)
-
-Files are read with ``torch.load(weights_only=True)``: no pickled code runs, whoever wrote
-them.
+"""Training state on disk, written atomically, read back to resume from the next batch in
+the same order (docs/design.md, "Checkpoints"). Files are read with
+``torch.load(weights_only=True)``: no pickled code runs, whoever wrote them.
 """
 
 from __future__ import annotations

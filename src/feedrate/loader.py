@@ -73,16 +73,9 @@ def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
 
 
 class CountingCollate:
-    """``default_collate`` that counts what each worker produced and what it skipped.
-
-    Produced: the main process measures the rate at which workers *produce* batches, not only
-    the rate at which training *consumes* them. The two differ while a prefetched backlog is
-    being consumed: all workers start at once and queue ``num_workers * prefetch_factor``
-    batches, which the first seconds of training eat at compute speed, a rate the loader
-    cannot sustain. Skipped: samples that ``dataset.on_error=skip`` dropped (``None``).
-    Counts live in shared memory, one row per worker plus one for the main process, so no
-    locking is needed.
-    """
+    """``default_collate`` that counts what each worker produced (the rate workers sustain,
+    not the start-up backlog training eats at compute speed) and what ``dataset.on_error=skip``
+    dropped. One shared-memory row per worker and one for the main process: no locks."""
 
     def __init__(self, num_workers: int) -> None:
         self.counts = torch.zeros(num_workers + 1, 2, dtype=torch.int64).share_memory_()
@@ -158,21 +151,9 @@ def build_loader(
 
 
 class _Loader(DataLoader):
-    """A DataLoader whose workers are born deaf to Ctrl-C.
-
-    A terminal's Ctrl-C reaches the whole process group. Workers ignore it (the main process
-    finishes its step, saves and ends them), but only from :func:`_init_worker` on, and a
-    ``spawn`` or ``forkserver`` worker imports torch and unpickles the dataset for seconds
-    before that: a Ctrl-C then would kill it and fail the run. So SIGINT is ignored while this
-    process starts workers: an ignored signal stays ignored across fork and exec, and Python
-    keeps it so at start-up. (A blocked mask would not do: multiprocessing's children start
-    with none.)
-
-    The price: a Ctrl-C while workers are being started is dropped, not deferred. With
-    ``fork`` that is milliseconds. With ``spawn``, starting a worker waits until it has
-    imported the main module and read the pickled dataset when that is larger than a pipe's
-    buffer (64 KB): about a second a worker on a slow machine.
-    """
+    """A DataLoader whose workers are born deaf to Ctrl-C: SIGINT is ignored while it starts
+    them, so a ``spawn`` worker still importing torch is not killed by a terminal's Ctrl-C
+    (docs/design.md, "Ctrl-C and the workers")."""
 
     _latest: weakref.ref | None = None  # the latest iteration, while it lives
 
@@ -196,16 +177,10 @@ class _Loader(DataLoader):
         return iterator
 
     def end_workers(self) -> list[int]:
-        """After a failure: stop the latest iteration's workers, as at an epoch's end, and
-        return the exit codes of all that have ended (how a worker died can name the cause:
-        :func:`feedrate.faults.send_failure_exit`). The failure's traceback holds the
-        iteration; once it is gone, so are its workers, and there is nothing to read.
-
-        While a dead worker is registered, PyTorch's SIGCHLD handler raises "exited
-        unexpectedly" at whatever line runs when any child ends, including the handling of
-        the failure it reports. So it is silenced until the iteration has ended and
-        unregistered its workers.
-        """
+        """Stop the latest iteration's workers and return the exit codes of those that ended
+        (how a worker died can name the cause). PyTorch's SIGCHLD handler is silenced meanwhile:
+        a dead worker would otherwise raise "exited unexpectedly" inside the
+        failure's handling."""
         iterator = self._latest() if self._latest is not None else None
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is None:
@@ -243,16 +218,8 @@ class ResumableSampler(Sampler[int]):
 
 def _init_worker(worker_id: int, threads: int | None = None) -> None:
     """In each worker: its intra-op threads (``loader.worker_threads``; PyTorch's 1 if None),
-    ignore Ctrl-C (the main process finishes its step, saves, and ends the workers), and end
-    the worker when a batch cannot be sent.
-
-    A batch is pickled, and its file descriptors handed over, by threads of the worker
-    (multiprocessing's queue feeder and fd sharer). When one fails (too many open files, no
-    shared memory), Python prints a traceback and the thread goes on, while the main process
-    waits forever for the lost batch or for a descriptor nobody will send. So the worker says
-    what failed in one line and exits with a code that names the cause: the main process sees
-    the worker gone, and :func:`feedrate.faults.diagnose` says why, with the fix.
-    """
+    Ctrl-C ignored, and an exit with a code naming the cause when a batch cannot be sent,
+    which plain PyTorch would wait for forever (docs/design.md, "When a worker cannot send")."""
     if threads:
         torch.set_num_threads(threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # born so (_Loader); a foreign start may not be

@@ -96,16 +96,9 @@ class ResourcePeaks:
 
 
 class ResourceMonitor:
-    """Samples memory of the main process and its workers, and /dev/shm, in a thread.
-
-    Used as a context manager around the training loop; ``peaks`` holds the maxima. PSS comes
-    from each process's smaps_rollup, a walk of its page tables: about 10 ms a process for a
-    torch process, 0.6 s of CPU for 64 workers, the very CPU a measurement is about. So the
-    full reading happens every ``interval_s`` outside the measured window, and at its start
-    and end; inside it the thread reads only the machine's available memory (cheap) and takes
-    a full reading when the tree may have grown by more than ``GROWTH`` since the last one, or
-    may be near the guard's limit. ``interval_s=None``: no thread at all.
-    """
+    """Memory (PSS) of the main process and its workers, and /dev/shm, sampled in a thread
+    around the training loop; ``peaks`` holds the maxima. Full readings cost CPU, so inside the
+    measured window only when the tree may have grown (docs/design.md, "Memory readings")."""
 
     GROWTH = 0.05
 

@@ -1,18 +1,8 @@
-"""The Optuna sweeper, tolerant of a study in which no trial completed, and of Ctrl-C.
+"""The Optuna sweeper, tolerant of a study in which no trial completed, of a search that
+stops near the ceiling, and of Ctrl-C (unfinished trials marked failed, exit 130).
 
-hydra-optuna-sweeper 1.3.0 ends every sweep by reading ``study.best_trial``, which raises
-when every trial failed: the sweep dies with a traceback before feedrate's callback can
-report why the trials failed. This subclass lets the sweep end normally; the callback then
-prints the reasons and exits non-zero, leaving any existing preset untouched.
-
-With ``sweep=loader`` the search may end before ``n_trials``: once a trial comes within
-``sweep.stop_within`` of the ceiling, the trial launcher says so and no more trials are asked
-for; the results file is written as after a full search.
-
-On Ctrl-C feedrate's trial launcher has already killed the running trial; here the trials this
-sweep asked for and did not finish are marked failed in the study (not left "running"), and
-the sweep ends with status 130 and the way on. (Jobs a cluster launcher submitted are the
-scheduler's to cancel.)
+hydra-optuna-sweeper 1.3.0 reads ``study.best_trial`` at the end, which raises when every
+trial failed, before feedrate's callback can say why (docs/design.md, "Where the code is").
 """
 
 import logging
