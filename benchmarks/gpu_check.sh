@@ -45,7 +45,7 @@ if [[ "${FEEDRATE_GPU_CHECK:-}" == smoke ]]; then
            trainer.window_steps=2)
     SWEEP_EXTRA=(hydra.sweeper.n_trials=2 sweep.finalists=1 sweep.final_rounds=1
                  sweep.final_seconds=0.5 sweep.max_workers=2)
-    BENCH=(--repeats 1 --seconds 0.5 --grid 0 2 --prefetch 2 --grid-seconds 0.5
+    BENCH=(--repeats 1 --seconds 0.5 --grid 2 --prefetch 2 --grid-seconds 0.5
            --steady-seconds 1)
     PRESET=${PRESET:-gpu_check_smoke}
     BUDGET=${FEEDRATE_GPU_BUDGET:-1100}
