@@ -89,6 +89,23 @@ class PhotosConfig:
 
 
 @dataclass
+class WebDatasetConfig:
+    """The photos as tar shards, streamed with ``webdataset`` (an ``IterableDataset``)."""
+
+    _target_: str = "feedrate.stream.build_webdataset"
+    on_error: str = "raise"  # raise: name the failing sample; skip: drop it inside the stream
+    root: str = "~/.cache/feedrate/shards"
+    photos_root: str = "~/.cache/feedrate/photos"
+    n_images: int = 3000
+    n_shards: int = 16
+    image_size: int = 224
+    shuffle_buffer: int = 256
+    shard_latency_ms: float = 0.0
+    sample_latency_ms: float = 0.0
+    seed: int = 0
+
+
+@dataclass
 class SyntheticConfig:
     """In-memory images with a simulated per-sample I/O latency and CPU cost."""
 
@@ -249,6 +266,7 @@ def register_configs() -> None:
     cs.store(group="dataset", name="photos_schema", node=PhotosConfig)
     cs.store(group="dataset", name="synthetic_schema", node=SyntheticConfig)
     cs.store(group="dataset", name="memmap_schema", node=MemmapConfig)
+    cs.store(group="dataset", name="webdataset_schema", node=WebDatasetConfig)
     cs.store(group="dataset", name="image_folder_schema", node=ImageFolderConfig)
     cs.store(group="model", name="tiny_cnn_schema", node=TinyCNNConfig)
     cs.store(group="model", name="torchvision_schema", node=TorchvisionModelConfig)

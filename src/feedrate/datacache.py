@@ -5,6 +5,7 @@ directory that is renamed into place, so a build that dies leaves nothing half-w
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import logging
 import os
@@ -182,3 +183,44 @@ def render_memmap(tmp: Path, photos: datasets.ImageFolder, size: int) -> None:
     np.save(tmp / "labels.npy", np.asarray(photos.targets, dtype=np.int64))
     manifest = {"n_images": n, "stored_size": size, "classes": photos.classes}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def ensure_shards(
+    root: str | os.PathLike, photos: Path, n_shards: int, seed: int
+) -> tuple[Path, dict]:
+    """The photo set written as ``n_shards`` tar shards (WebDataset layout: ``<key>.jpg`` and
+    ``<key>.cls`` per sample, samples dealt out in a seeded random order so every shard holds
+    every class) under ``root``, built on first use; with its manifest."""
+    manifest = json.loads((photos / "manifest.json").read_text())
+    n_images = manifest["n_images"]
+    if not 1 <= n_shards <= n_images:
+        raise ConfigError(
+            f"dataset.n_shards={n_shards} must be between 1 and the {n_images} images"
+            " (dataset.n_images)"
+        )
+    name = f"{photos.name}-shards{n_shards}-s{seed}"
+    target = Path(root).expanduser().resolve() / name
+    build_once(target, lambda tmp: _write_shards(tmp, photos, manifest, n_shards, seed), "shards")
+    return target, json.loads((target / "manifest.json").read_text())
+
+
+def _write_shards(tmp: Path, photos: Path, manifest: dict, n_shards: int, seed: int) -> None:
+    import tarfile
+
+    classes = manifest["classes"]
+    files = sorted(photos.glob("*/*.jpg"))
+    order = np.random.default_rng(seed).permutation(len(files))
+    counts = []
+    for shard, chunk in enumerate(np.array_split(order, n_shards)):
+        with tarfile.open(tmp / f"shard-{shard:05d}.tar", "w") as tar:
+            for i in tqdm(chunk, desc=f"shard {shard + 1}/{n_shards}", unit="img", leave=False):
+                path = files[i]
+                key = f"{path.parent.name}-{path.stem}"
+                label = str(classes.index(path.parent.name)).encode()
+                tar.add(path, arcname=f"{key}.jpg")
+                info = tarfile.TarInfo(f"{key}.cls")
+                info.size = len(label)
+                tar.addfile(info, io.BytesIO(label))
+        counts.append(len(chunk))
+    out = {"n_samples": len(files), "classes": classes, "shard_samples": counts}
+    (tmp / "manifest.json").write_text(json.dumps(out, indent=2))

@@ -18,7 +18,7 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import Dataset, Subset, random_split
+from torch.utils.data import Dataset, IterableDataset, Subset, random_split
 
 if TYPE_CHECKING:  # torchvision takes a second to import: only the image datasets need it
     from torchvision import datasets
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 # Datasets
 
 
-def _train_transform(image_size: int) -> v2.Compose:
+def train_transform(image_size: int) -> v2.Compose:
     from torchvision.transforms import v2
 
     # Decoded with Pillow, cropped and flipped on the PIL image, returned as a uint8 tensor.
@@ -58,7 +58,7 @@ def build_image_folder(root: str, image_size: int = 224) -> datasets.ImageFolder
         )
     try:
         return datasets.ImageFolder(
-            str(path), transform=_train_transform(image_size), loader=read_rgb
+            str(path), transform=train_transform(image_size), loader=read_rgb
         )
     except (FileNotFoundError, RuntimeError) as exc:
         raise DatasetError(f"dataset.root={root!r} is not an ImageFolder tree: {exc}") from exc
@@ -211,6 +211,12 @@ def split(dataset, val_fraction: float, seed: int):
     """(train, val) subsets with ``val_fraction`` held out, or (dataset, None)."""
     if val_fraction <= 0:
         return dataset, None
+    if isinstance(dataset, IterableDataset):
+        raise ConfigError(
+            f"trainer.val_fraction={val_fraction} cannot hold out samples of the stream"
+            f" {type(dataset).__qualname__}: it has no indices to split. Set"
+            " trainer.val_fraction=0, and evaluate on shards of your own"
+        )
     n_val = max(1, int(len(dataset) * val_fraction))
     generator = torch.Generator().manual_seed(seed)
     train_set, val_set = random_split(dataset, [len(dataset) - n_val, n_val], generator)

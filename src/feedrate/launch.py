@@ -36,6 +36,7 @@ from feedrate.files import atomic_write_text
 from feedrate.loader import skipped_samples
 from feedrate.metrics import finite, format_summary, summarise
 from feedrate.monitor import ResourceMonitor
+from feedrate.stream import length
 from feedrate.trainer import Checkpoints, TrainResult, planned_steps, train
 from feedrate.workload import Workload, build, evaluate_held_out
 
@@ -281,7 +282,7 @@ def _write_metrics(
         "non_blocking": hw.non_blocking,
         "loader": work.loader_args,
         "torch_threads": torch.get_num_threads(),
-        "dataset_len": len(work.dataset),
+        "dataset_len": length(work.dataset),
         "sample_bytes": sample.element_size() * sample.nelement(),
         "num_classes": work.num_classes,
         "torch": torch.__version__,

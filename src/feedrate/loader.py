@@ -31,6 +31,7 @@ from feedrate.checks import check_picklable, start_method
 from feedrate.distributed import shard
 from feedrate.faults import SEND_FAILED, send_failure_exit
 from feedrate.hardware import Hardware, usable_cores
+from feedrate.stream import Repeated, is_stream
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,16 @@ def build_loader(
             cores,
         )
     generator = torch.Generator().manual_seed(seed)  # the loader's own: workers' base seeds
+    init = functools.partial(_init_worker, threads=threads) if workers > 0 else None
+    if is_stream(dataset):  # it orders, shuffles and splits itself: no sampler, no shuffle
+        kwargs.pop("shuffle", None)
+        return _Loader(
+            Repeated(dataset) if stream else dataset,
+            generator=generator,
+            collate_fn=CountingCollate(workers),
+            worker_init_fn=init,
+            **kwargs,
+        )
     # The shuffle's, apart: with persistent workers the loader draws a base seed once, without
     # them at every epoch; the order must not depend on which, or a resumed run drifts.
     shuffling = torch.Generator().manual_seed(seed)
@@ -145,7 +156,7 @@ def build_loader(
         dataset,
         generator=generator,
         collate_fn=CountingCollate(workers),
-        worker_init_fn=functools.partial(_init_worker, threads=threads) if workers > 0 else None,
+        worker_init_fn=init,
         **kwargs,
     )
 

@@ -263,7 +263,13 @@ class Meter:
         self._rewarm_until = step + self.cfg.warmup_steps
 
     def finish(self) -> dict:
-        """Measuring over: what :class:`~feedrate.trainer.TrainResult` reports of it."""
+        """Measuring over: what :class:`~feedrate.trainer.TrainResult` reports of it. A window
+        still open (a stream that ended before its length's estimate said) is closed."""
+        if self._measured and self._window_steps > 0:
+            self.sync()
+            now = self.clock()
+            self.times.elapsed_s += now - self._t_prev_end
+            self._close(now)
         self.monitor.end_cpu_window()
         return {
             "times": self.times,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from feedrate.hardware import Hardware
 from feedrate.loader import produced_samples
 from feedrate.meter import Meter, StepTimes
 from feedrate.monitor import ResourceMonitor
+from feedrate.stream import is_stream
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +108,27 @@ class Checkpoints:
     resume_hint: str = ""
 
 
+def _batches_per_epoch(loader: DataLoader) -> int | None:
+    """None: a stream that does not say its length (its epochs end when it runs out)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
 def planned_steps(cfg: DictConfig, loader: DataLoader) -> int:
-    """Steps the run will take: ``max_steps`` or ``epochs`` worth, whichever is fewer."""
-    if len(loader) == 0:
+    """Steps the run will take: ``max_steps`` or ``epochs`` worth, whichever is fewer. For a
+    stream, ``epochs`` worth is its length's estimate: the run ends when the stream does."""
+    per_epoch = _batches_per_epoch(loader)
+    if per_epoch is None:
+        if cfg.max_steps is None:
+            raise ConfigError(
+                f"the stream {type(loader.dataset).__qualname__} does not say how many samples"
+                " it holds (no __len__), so the run cannot be planned in epochs: set"
+                " trainer.max_steps (the run also ends when trainer.epochs have streamed)"
+            )
+        per_epoch = cfg.max_steps
+    if per_epoch == 0:
         raise ConfigError(
             f"the loader yields no batch: {len(loader.dataset)} training samples with"
             f" loader.batch_size={loader.batch_size} and loader.drop_last={loader.drop_last};"
@@ -118,13 +138,13 @@ def planned_steps(cfg: DictConfig, loader: DataLoader) -> int:
     if cfg.max_steps is not None:
         limits.append(cfg.max_steps)
     if cfg.epochs is not None:
-        limits.append(cfg.epochs * len(loader))
+        limits.append(cfg.epochs * per_epoch)
     steps = min(limits)
     if steps <= cfg.warmup_steps:
         raise ConfigError(
             f"trainer.warmup_steps={cfg.warmup_steps} leaves nothing to measure: the run takes"
             f" {steps} steps (trainer.max_steps={cfg.max_steps}, trainer.epochs={cfg.epochs},"
-            f" {len(loader)} batches per epoch); lower warmup_steps or raise max_steps/epochs"
+            f" {per_epoch} batches per epoch); lower warmup_steps or raise max_steps/epochs"
         )
     return steps
 
@@ -221,6 +241,8 @@ def _epoch_batches(
     order = getattr(sampler, "order", None)
     if hasattr(order, "set_epoch"):  # a DistributedSampler: this epoch's shuffle
         order.set_epoch(where.epoch)
+    if is_stream(loader.dataset):  # it shuffles its shards itself (fresh workers see this)
+        loader.dataset.set_epoch(where.epoch)
     where.generator = shuffling.get_state() if shuffling is not None else None
     per_batch = getattr(loader, "batch_size", None) or 0
     batches = iter(loader)
@@ -239,6 +261,14 @@ def _epoch_batches(
             x.to(hw.device, non_blocking=hw.non_blocking),
             y.to(hw.device, non_blocking=hw.non_blocking),
         )
+
+
+def _uneven_inputs(model: nn.Module, streaming: bool) -> contextlib.AbstractContextManager:
+    """Under DDP, a rank whose stream runs out first keeps joining the others' all-reduces
+    until they run out too (a stream's shards need not divide evenly between ranks)."""
+    if streaming and isinstance(model, nn.parallel.DistributedDataParallel):
+        return model.join()
+    return contextlib.nullcontext()
 
 
 def _resident(batches: Batches, meter: Meter) -> Batches:
@@ -291,37 +321,42 @@ def train(
         scaler.load_state_dict(resume.scaler)
     model.train()
     meter.start(where.step)
+    # A stream's epochs end when it runs out, not at its length's estimate
+    streaming = is_stream(loader.dataset)
+    step_limit = cfg.max_steps if streaming else total
     stopped_at = None
-    while stopped_at is None:
-        meter.epoch_started()
-        batches = _epoch_batches(loader, where, resume, hw, meter)
-        resume = None  # only the first epoch resumes part-way
-        if measure is Measure.compute:
-            batches = _resident(batches, meter)
-        for x, y in batches:
-            loss = logits = None
-            if measure is not Measure.loader:
-                inputs = normalise(x, inplace=measure is not Measure.compute)
-                loss, logits = _step(model, optimizer, scaler, hw, inputs, y)
-            where.step += 1
-            done = meter.step_done(where.step, len(y), loss, logits, y)
-            bar.update(1)
-            if monitor.tripped:  # the memory guard: stop before the OOM killer does
-                raise LoaderFailure(monitor.tripped)
-            if done or where.step >= total:
-                stopped_at = where.position(scaler)
-                break
-            if checkpoints is not None:
-                _save_if_due(
-                    checkpoints, where.step, total, lambda: where.position(scaler), meter, bar
+    with _uneven_inputs(model, streaming):
+        while stopped_at is None:
+            meter.epoch_started()
+            batches = _epoch_batches(loader, where, resume, hw, meter)
+            resume = None  # only the first epoch resumes part-way
+            if measure is Measure.compute:
+                batches = _resident(batches, meter)
+            for x, y in batches:
+                loss = logits = None
+                if measure is not Measure.loader:
+                    inputs = normalise(x, inplace=measure is not Measure.compute)
+                    loss, logits = _step(model, optimizer, scaler, hw, inputs, y)
+                where.step += 1
+                done = meter.step_done(where.step, len(y), loss, logits, y)
+                bar.update(1)
+                if monitor.tripped:  # the memory guard: stop before the OOM killer does
+                    raise LoaderFailure(monitor.tripped)
+                if done or (step_limit is not None and where.step >= step_limit):
+                    stopped_at = where.position(scaler)
+                    break
+                if checkpoints is not None:
+                    position = lambda: where.position(scaler)  # noqa: E731
+                    _save_if_due(checkpoints, where.step, total, position, meter, bar)
+            if stopped_at is None and where.batches == 0 and where.samples == 0:
+                raise DatasetError(
+                    "an epoch yielded no batch at all (every sample failed and"
+                    " dataset.on_error=skip dropped it): fix the dataset, or set"
+                    " dataset.on_error=raise to see the first failure"
                 )
-        if stopped_at is None and where.batches == 0 and where.samples == 0:
-            raise DatasetError(
-                "an epoch yielded no batch at all (every sample failed and"
-                " dataset.on_error=skip dropped it): fix the dataset, or set"
-                " dataset.on_error=raise to see the first failure"
-            )
-        where.epoch += 1
+            where.epoch += 1
+            if stopped_at is None and cfg.epochs is not None and where.epoch >= cfg.epochs:
+                stopped_at = where.position(scaler)  # a stream ran out in the last epoch
     bar.close()
     return TrainResult(
         **meter.finish(), steps=where.step, epochs_started=where.epoch, position=stopped_at

@@ -20,6 +20,7 @@ from feedrate.faults import Context, check_shm, unbatchable_sample
 from feedrate.hardware import Hardware
 from feedrate.loader import build_loader, loader_kwargs
 from feedrate.model import build_model
+from feedrate.stream import GuardedStream, check_split_by_worker, is_stream, length
 from feedrate.trainer import build_optimizer, evaluate, make_input_transform
 
 log = logging.getLogger("feedrate")
@@ -47,16 +48,24 @@ def build(cfg: DictConfig, hw: Hardware, ranks: Ranks) -> Workload:
     dataset = build_dataset(cfg.dataset)
     classes = num_classes(dataset)
     train_set, val_set = split(dataset, cfg.trainer.val_fraction, cfg.trainer.seed)
-    train_set = GuardedDataset(train_set, cfg.dataset.get("on_error", "raise"))
+    on_error = cfg.dataset.get("on_error", "raise")
+    streaming = is_stream(dataset)
+    train_set = (GuardedStream if streaming else GuardedDataset)(train_set, on_error)
     sample = _first_sample(dataset)
     model = build_model(cfg.model, classes).to(hw.device)
     if hw.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model = distributed.wrap(model, ranks, hw)
     args = _loader_args(cfg.loader, hw, ranks)
+    if streaming:  # it shuffles itself, in a buffer
+        del args["shuffle"]
+    if streaming and args["num_workers"] > 1:
+        check_split_by_worker(train_set.dataset, args["multiprocessing_context"])
+    size = length(dataset)
     log.info(
-        "dataset %s: %d samples, %d classes, sample %s %s; loader %s",
-        *(type(dataset).__name__, len(dataset), classes, tuple(sample.shape), sample.dtype, args),
+        "dataset %s: %s samples%s, %d classes, sample %s %s; loader %s",
+        *(type(dataset).__name__, "?" if size is None else size, " (a stream)" * streaming),
+        *(classes, tuple(sample.shape), sample.dtype, args),
     )
     context = Context(
         num_workers=args["num_workers"],
@@ -82,7 +91,10 @@ def build(cfg: DictConfig, hw: Hardware, ranks: Ranks) -> Workload:
 
 
 def _first_sample(dataset: Dataset) -> torch.Tensor:
-    sample, _ = GuardedDataset(dataset, "raise")[0]
+    if is_stream(dataset):
+        sample, _ = next(iter(GuardedStream(dataset, "raise")))
+    else:
+        sample, _ = GuardedDataset(dataset, "raise")[0]
     if isinstance(sample, np.ndarray):  # the default collate batches it as a tensor
         sample = torch.as_tensor(sample)
     if not isinstance(sample, torch.Tensor):  # the model and the loader's sizing need one
@@ -109,7 +121,7 @@ def evaluate_held_out(
     """Loss and accuracy on the held-out split (trainer.val_fraction), with the same loader."""
     if work.val_set is None:
         return None, None
-    args = {**work.loader_args, "shuffle": False, "drop_last": False, "persistent_workers": False}
+    args = {**work.loader_args, "drop_last": False, "persistent_workers": False, "shuffle": False}
     on_error = cfg.dataset.get("on_error", "raise")
     loader = build_loader(GuardedDataset(work.val_set, on_error), args, cfg.trainer.seed)
     return evaluate(work.model, loader, hw, work.normalise)

@@ -63,6 +63,13 @@ class FeasibilityGuard:
 
     def check(self, cfg: DictConfig) -> str | None:
         """Why ``cfg`` should not run (None when it fits, or nothing is known yet)."""
+        shards = (cfg.get("dataset") or {}).get("n_shards")
+        if shards and cfg.loader.num_workers > shards:
+            return (
+                f"{cfg.loader.num_workers} workers for a stream of {shards} shards: it splits by"
+                f" shard, so {cfg.loader.num_workers - shards} workers would read nothing and"
+                " only cost memory and start-up"
+            )
         if not self.learned:
             return None
         memory, shm = predict(cfg.loader, self.footprint)

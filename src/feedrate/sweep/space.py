@@ -30,9 +30,32 @@ def max_workers(cfg: DictConfig) -> int:
     scaling far past the cores (the sleep-10-ms dataset on 2 cores peaks at 32+ workers). The
     memory guard, not this bound, keeps a large count from running the machine out of memory.
     """
-    if cfg.sweep.max_workers:
-        return cfg.sweep.max_workers
-    return int(min(256, max(64, 8 * hardware.usable_cores())))
+    bound = cfg.sweep.max_workers or int(min(256, max(64, 8 * hardware.usable_cores())))
+    shards = shard_count(cfg)
+    if shards is not None and shards < bound:
+        _warn_once(
+            f"num_workers searched up to {shards}, the stream's shard count: a stream splits"
+            f" by shard, so a worker past the {shards}th has none to read <cfg.dataset>"
+        )
+        return shards
+    return bound
+
+
+def shard_count(cfg: DictConfig) -> int | None:
+    """The shards a stream splits its work by (``dataset.n_shards``, or the built dataset's
+    ``num_shards``), or None: no such bound."""
+    dataset = cfg.get("dataset")
+    if not dataset or "_target_" not in dataset:
+        return None
+    if dataset.get("n_shards"):
+        return int(dataset.n_shards)
+    return _shards(OmegaConf.to_yaml(dataset))
+
+
+@functools.lru_cache(maxsize=8)
+def _shards(dataset_yaml: str) -> int | None:
+    shards = getattr(build_dataset(OmegaConf.create(dataset_yaml)), "num_shards", None)
+    return shards if isinstance(shards, int) and shards > 0 else None
 
 
 SEED_LADDER = (1, 4, 16)  # the first trials' num_workers, in multiples of the cores
