@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from feedrate.checkpoint import Position
@@ -116,6 +116,13 @@ def _batches_per_epoch(loader: DataLoader) -> int | None:
         return None
 
 
+def _users(dataset: Any) -> Any:
+    """The user's dataset inside the run's own wrappers."""
+    while isinstance(getattr(dataset, "dataset", None), Dataset):
+        dataset = dataset.dataset
+    return dataset
+
+
 def planned_steps(cfg: DictConfig, loader: DataLoader) -> int:
     """Steps the run will take: ``max_steps`` or ``epochs`` worth, whichever is fewer. For a
     stream, ``epochs`` worth is its length's estimate: the run ends when the stream does."""
@@ -123,7 +130,7 @@ def planned_steps(cfg: DictConfig, loader: DataLoader) -> int:
     if per_epoch is None:
         if cfg.max_steps is None:
             raise ConfigError(
-                f"the stream {type(loader.dataset).__qualname__} does not say how many samples"
+                f"the stream {type(_users(loader.dataset)).__qualname__} does not say how many samples"
                 " it holds (no __len__), so the run cannot be planned in epochs: set"
                 " trainer.max_steps (the run also ends when trainer.epochs have streamed)"
             )

@@ -1,0 +1,237 @@
+"""Streams (IterableDatasets): each sample once per epoch whatever the workers and ranks, the
+photos as webdataset shards, a user's stream through train.py and torchrun, and a stream that
+hands every worker the same samples refused."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from feedrate.errors import DatasetError
+from feedrate.loader import build_loader
+from feedrate.stream import GuardedStream, ShardStream, build_webdataset, check_split_by_worker
+
+from .conftest import ROOT, run_cli, shrink
+
+N_IMAGES = 48
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> tuple[Path, Path]:
+    """(photos root, shards root): 48 photos in 5 shards of 9-10, built once for the module."""
+    root = tmp_path_factory.mktemp("streams")
+    build_webdataset(str(root / "shards"), str(root / "photos"), n_images=N_IMAGES, n_shards=5)
+    return root / "photos", root / "shards"
+
+
+def _keyed(self, sample: dict) -> tuple[torch.Tensor, int]:
+    """The sample's identity in place of its pixels: which photo of which class."""
+    name, number = sample["__key__"].rsplit("-", 1)
+    return torch.tensor(self.classes.index(name) * 100_000 + int(number)), int(sample["cls"])
+
+
+def _stream(shards, **kwargs) -> ShardStream:
+    photos, root = shards
+    return build_webdataset(
+        str(root), str(photos), n_images=N_IMAGES, n_shards=5, image_size=32, **kwargs
+    )
+
+
+def _epochs(dataset, workers: int, epochs: int = 2) -> list[list[int]]:
+    kwargs = {
+        "batch_size": 4,
+        "num_workers": workers,
+        "pin_memory": False,
+        "drop_last": False,
+        "timeout": 0.0,
+        "persistent_workers": False,
+    }
+    if workers:
+        kwargs |= {"prefetch_factor": 2, "multiprocessing_context": "fork", "timeout": 60.0}
+    loader = build_loader(GuardedStream(dataset), kwargs, seed=0)
+    seen = []
+    for epoch in range(epochs):
+        loader.dataset.set_epoch(epoch)
+        seen.append([int(i) for x, _ in loader for i in x])
+    return seen
+
+
+@pytest.mark.parametrize("workers", [0, 2, 4])
+def test_each_sample_of_a_stream_is_seen_once_per_epoch(shards, monkeypatch, workers):
+    monkeypatch.setattr(ShardStream, "_decode", _keyed)
+    first, second = _epochs(_stream(shards, shuffle_buffer=8), workers)
+    assert len(set(first)) == N_IMAGES and len(first) == N_IMAGES
+    assert sorted(second) == sorted(first)
+    assert second != first, "every epoch shuffles the shards and the buffer anew"
+
+
+def test_two_ranks_read_disjoint_shards_that_cover_the_stream(shards, monkeypatch):
+    monkeypatch.setattr(ShardStream, "_decode", _keyed)
+    seen = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        dataset = _stream(shards)
+        (ids,) = _epochs(dataset, workers=2, epochs=1)
+        assert len(ids) == len(dataset), "its length is this rank's share"
+        seen.append(ids)
+    assert not set(seen[0]) & set(seen[1])
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert sorted(seen[0] + seen[1]) == sorted(_epochs(_stream(shards), 0, 1)[0])
+    assert len(seen[0]) != len(seen[1]), "5 shards cannot split evenly: DDP's join handles it"
+
+
+def test_webdataset_trains_from_the_command_line(shards, tmp_path):
+    photos, root = shards
+    proc = run_cli(
+        *shrink(
+            [
+                "dataset=webdataset",
+                f"dataset.root={root}",
+                f"dataset.photos_root={photos}",
+                f"dataset.n_images={N_IMAGES}",
+                "dataset.n_shards=5",
+                "dataset.image_size=32",
+                "dataset.shard_latency_ms=20",
+                "dataset.sample_latency_ms=1",
+                "loader.num_workers=2",
+                "trainer.max_steps=null",
+                "trainer.epochs=2",
+                f"hydra.run.dir={tmp_path}",
+            ]
+        )
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["epochs_started"] == 2 and m["epoch_restart_s"] is not None
+    # two workers, 2-3 shards each, batches of 16: the epochs end with the stream, past the
+    # length's estimate (ceil(48 / 16) = 3 batches)
+    assert m["steps"] == 2 * 4
+    assert m["run"]["dataset_len"] == N_IMAGES and "shuffle" not in m["run"]["loader"]
+    assert "48 samples (a stream)" in proc.stdout
+
+
+# A user's stream, split by rank and by worker as the README shows, that writes down what each
+# worker yields (only workers: the main process peeks at one sample to size the model)
+NUMBERS = """
+import os
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+
+class Numbers(IterableDataset):
+    classes = ["even", "odd"]
+
+    def __init__(self, n, n_shards, log_dir, split=True):
+        self.n, self.n_shards, self.log_dir, self.split = n, n_shards, log_dir, split
+        self.num_shards = n_shards
+        self.splits_by_worker = split  # said: feedrate's probe of the workers is skipped
+
+    def __iter__(self):
+        shards = range(self.n_shards)
+        info = get_worker_info()
+        if self.split:
+            rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+            shards = shards[rank::world]
+            if info is not None:
+                shards = shards[info.id :: info.num_workers]
+        for shard in shards:
+            for k in range(shard, self.n, self.n_shards):
+                if info is not None:
+                    name = f"{os.environ.get('RANK', 0)}-{info.id}-{os.getpid()}"
+                    with open(os.path.join(self.log_dir, name), "a") as fh:
+                        fh.write(f"{k}\\n")
+                yield torch.full((3, 8, 8), k % 251, dtype=torch.uint8), k % 2
+"""
+
+
+def _numbers(tmp_path: Path, *overrides: str) -> list[str]:
+    (tmp_path / "user_stream.py").write_text(NUMBERS)  # not numbers.py: the stdlib has one
+    (tmp_path / "seen").mkdir()
+    return shrink(
+        [
+            "dataset=custom",
+            "dataset._target_=user_stream.Numbers",
+            "+dataset.n=101",
+            "+dataset.n_shards=5",
+            f"+dataset.log_dir={tmp_path / 'seen'}",
+            "loader.batch_size=8",
+            # each worker's last batch is partial, down to one sample: no batch norm
+            "model=pooled_linear",
+            "trainer.max_steps=1000",  # no __len__: a bound, though the epoch ends first
+            "trainer.epochs=1",
+            "trainer.warmup_steps=1",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            *overrides,
+        ]
+    )
+
+
+@pytest.mark.slow
+def test_a_users_stream_under_torchrun_is_trained_on_once_per_epoch(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(ROOT / "train.py"),
+            *_numbers(tmp_path, "loader.num_workers=4"),  # 2 a rank
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": "."},
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    seen = collections.Counter(
+        int(k) for f in (tmp_path / "seen").iterdir() for k in f.read_text().split()
+    )
+    assert sorted(seen) == list(range(101)) and set(seen.values()) == {1}
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["world_size"] == 2 and m["epochs_started"] == 1
+
+
+def test_the_probe_tells_a_stream_that_splits_from_one_that_does_not(tmp_path):
+    (tmp_path / "user_stream.py").write_text(NUMBERS)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from user_stream import Numbers
+    finally:
+        sys.path.remove(str(tmp_path))
+    splits = Numbers(101, 5, str(tmp_path))
+    splits.splits_by_worker = False  # not said: probed
+    check_split_by_worker(splits, "fork")
+    whole = Numbers(101, 5, str(tmp_path), split=False)
+    with pytest.raises(DatasetError, match="every DataLoader worker reads the same samples"):
+        check_split_by_worker(whole, "fork")
+
+
+def test_a_stream_every_worker_reads_whole_is_refused(tmp_path):
+    overrides = _numbers(tmp_path, "+dataset.split=false", "loader.num_workers=2")
+    proc = run_cli(*overrides, env={"PYTHONPATH": str(tmp_path)})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-2000:]
+    assert "every DataLoader worker reads the same samples of the stream Numbers" in out
+    assert "get_worker_info()" in out and "Traceback" not in out
+
+
+def test_a_stream_cannot_be_split_for_validation_nor_skip_samples_from_outside(tmp_path):
+    env = {"PYTHONPATH": str(tmp_path)}
+    held_out = run_cli(*_numbers(tmp_path, "trainer.val_fraction=0.2"), env=env)
+    assert held_out.returncode == 2, held_out.stdout[-2000:]
+    assert "cannot hold out samples of the stream Numbers" in held_out.stdout
+    (tmp_path / "seen").rmdir()
+    skipping = run_cli(*_numbers(tmp_path, "dataset.on_error=skip"), env=env)
+    assert skipping.returncode == 2, skipping.stdout[-2000:]
+    assert "a stream ends at its first exception" in skipping.stdout
