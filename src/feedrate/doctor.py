@@ -29,6 +29,7 @@ from feedrate.errors import FeedrateError
 from feedrate.faults import Context, shm_needed
 from feedrate.launch import compose, default_config_dir
 from feedrate.monitor import data_workers
+from feedrate.stream import is_stream, length
 from feedrate.sweep.preset import plain_data_problems
 
 MB = 2**20
@@ -76,6 +77,7 @@ class Probe:
     sample_bytes: int
     unpicklable: str | None  # what cannot be pickled, if anything
     per_worker: float  # bytes of PSS a worker reached (0: not measured)
+    shards: int | None = None  # a stream's, which bound its useful workers
 
 
 def _mb(n: float) -> str:
@@ -101,8 +103,9 @@ def _worker_memory(dataset, batch_size: int, method: str) -> tuple[float, float]
     me = psutil.Process()
     it = iter(loader)
     peaks: dict[int, float] = {}  # each worker's peak
-    for _ in range(min(8, len(loader))):
-        next(it)
+    for _ in range(8):
+        if next(it, None) is None:
+            break
         for worker in data_workers(me):
             try:
                 peaks[worker.pid] = max(peaks.get(worker.pid, 0.0), worker.memory_full_info().pss)
@@ -173,7 +176,7 @@ def _check_dataset(
     t0 = time.perf_counter()
     try:
         dataset = build_dataset(cfg.dataset)
-        sample, _ = dataset[0]
+        sample, _ = next(iter(dataset)) if is_stream(dataset) else dataset[0]
     except Exception as exc:  # noqa: BLE001 - the doctor reports, it does not stop
         report.line("unsafe", "build", f"{type(exc).__name__}: {exc}")
         return None
@@ -182,7 +185,7 @@ def _check_dataset(
     report.line(
         "ok",
         "build",
-        f"{len(dataset)} samples of {tuple(sample.shape)} {sample.dtype}"
+        f"{length(dataset) or 'a stream of ?'} samples of {tuple(sample.shape)} {sample.dtype}"
         f" ({_mb(sample_bytes * batch)} a batch of {batch}),"
         f" built in {time.perf_counter() - t0:.1f} s",
     )
@@ -208,7 +211,7 @@ def _check_dataset(
             f" over a few batches): about {fits} workers fit in {BUDGET:.0%} of the memory"
             " available",
         )
-    return Probe(sample_bytes, found, per_worker)
+    return Probe(sample_bytes, found, per_worker, getattr(dataset, "num_shards", None))
 
 
 def _check_loader(report: Report, loader: DictConfig, machine: Machine, probe: Probe) -> None:
@@ -252,6 +255,13 @@ def _check_loader(report: Report, loader: DictConfig, machine: Machine, probe: P
             "memory",
             f"{workers} workers x {_mb(probe.per_worker)} = {_mb(need)} of"
             f" {_mb(machine.available)} available",
+        )
+    if probe.shards is not None and workers > probe.shards:
+        report.line(
+            "warn",
+            "shards",
+            f"{workers} workers for a stream of {probe.shards} shards: it splits by shard, so"
+            f" {workers - probe.shards} workers read nothing",
         )
     cores = hardware.usable_cores()
     if workers > cores:

@@ -36,7 +36,7 @@ from feedrate.files import atomic_write_text
 from feedrate.loader import skipped_samples
 from feedrate.metrics import finite, format_summary, summarise
 from feedrate.monitor import ResourceMonitor
-from feedrate.stream import length
+from feedrate.stream import is_stream, length
 from feedrate.trainer import Checkpoints, TrainResult, planned_steps, train
 from feedrate.workload import Workload, build, evaluate_held_out
 
@@ -168,6 +168,12 @@ def _restore(run: Run, work: Workload, saved: dict | None) -> checkpoint.Positio
     batch = work.loader.batch_size
     resume = checkpoint.restore(saved, run.checkpoint, weights, work.optimizer, total, batch)
     log.info("resuming from %s at step %d of %d", run.checkpoint, resume.step, total)
+    if is_stream(work.dataset):
+        log.warning(
+            "a stream has no position to restore: epoch %d starts again from its first sample,"
+            " and the samples of it trained before the stop are trained on again",
+            resume.epoch,
+        )
     for name in ("metrics", "environment"):
         if run.ranks.is_main and (run.out / f"{name}.json").exists():
             os.replace(run.out / f"{name}.json", run.out / f"{name}_until_step_{resume.step}.json")

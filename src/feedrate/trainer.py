@@ -129,9 +129,10 @@ def planned_steps(cfg: DictConfig, loader: DataLoader) -> int:
     per_epoch = _batches_per_epoch(loader)
     if per_epoch is None:
         if cfg.max_steps is None:
+            name = type(_users(loader.dataset)).__qualname__
             raise ConfigError(
-                f"the stream {type(_users(loader.dataset)).__qualname__} does not say how many samples"
-                " it holds (no __len__), so the run cannot be planned in epochs: set"
+                f"the stream {name} does not say how many samples it holds (no __len__), so"
+                " the run cannot be planned in epochs: set"
                 " trainer.max_steps (the run also ends when trainer.epochs have streamed)"
             )
         per_epoch = cfg.max_steps
