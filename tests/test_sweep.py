@@ -255,6 +255,22 @@ def test_guard_skips_what_would_not_fit():
     assert "predicted memory 5,414 MB" in guard.check(big)
 
 
+def test_a_stream_bounds_the_workers_by_its_shards(monkeypatch):
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 16.0)
+    stream = {"_target_": "feedrate.stream.build_webdataset", "n_shards": 12}
+    assert max_workers(OmegaConf.create({"sweep": {"max_workers": None}, "dataset": stream})) == 12
+    in_memory = {"_target_": "feedrate.dataset.SyntheticDataset", "n_samples": 8, "image_size": 8}
+    assert max_workers(OmegaConf.create({"sweep": {"max_workers": 40}, "dataset": in_memory})) == 40
+    wide = OmegaConf.create(
+        {"dataset": stream, "loader": {"num_workers": 16, "prefetch_factor": 2, "batch_size": 8}}
+    )
+    reason = FeasibilityGuard().check(wide)
+    assert (
+        reason.startswith("16 workers for a stream of 12 shards")
+        and "4 workers would read" in reason
+    )
+
+
 def test_guard_counts_shared_memory_as_ram():
     """/dev/shm is tmpfs: batches in flight and the processes share one RAM budget."""
     guard = FeasibilityGuard()
