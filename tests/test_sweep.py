@@ -32,6 +32,7 @@ from feedrate.sweep.decide import Contestant, decide, drop_clearly_slower, merge
 from feedrate.sweep.feasibility import FeasibilityGuard, Footprint, predict
 from feedrate.sweep.preset import MARKER, check_writable, preset_path, render
 from feedrate.sweep.space import (
+    loader_search_space,
     max_threads,
     max_workers,
     search_threads,
@@ -232,6 +233,31 @@ def test_threads_are_searched_where_the_model_shares_the_cpu(compose, monkeypatc
     assert not search_threads(cfg)
     monkeypatch.setattr("feedrate.sweep.space.torch.cuda.is_available", lambda: True)
     assert not search_threads(compose("sweep=loader", "model=pooled_linear")), "model on a GPU"
+
+
+def test_decode_placement_is_searched_with_a_gpu_for_jpeg_datasets(compose, monkeypatch):
+    class Trial:  # records what the search space asks for
+        def __init__(self):
+            self.asked = {}
+
+        def suggest_int(self, name, low, high, log=False):
+            self.asked[name] = low
+            return low
+
+        def suggest_categorical(self, name, choices):
+            self.asked[name] = choices
+            return choices[0]
+
+    def asked(*overrides):
+        trial = Trial()
+        loader_search_space(compose("sweep=loader", *overrides), trial)
+        return trial.asked
+
+    assert "loader.decode" not in asked("dataset=photos"), "no GPU to decode on"
+    monkeypatch.setattr("feedrate.sweep.space.torch.cuda.is_available", lambda: True)
+    assert asked("dataset=photos")["loader.decode"] == ["cpu", "device"]
+    assert asked("dataset=webdataset")["loader.decode"] == ["cpu", "device"]
+    assert "loader.decode" not in asked("dataset=synthetic"), "no JPEG bytes to hand over"
 
 
 def test_guard_skips_what_would_not_fit():

@@ -37,6 +37,11 @@ class AmpDtype(Enum):
     fp16 = "fp16"
 
 
+class Decode(Enum):
+    cpu = "cpu"  # in the workers, per sample (Pillow)
+    device = "device"  # workers read bytes; the training process decodes the batch on the device
+
+
 class Measure(Enum):
     train = "train"  # the real training step: what the run is for
     loader = "loader"  # batches delivered to the device, no model: the loader's ceiling
@@ -73,6 +78,9 @@ class LoaderConfig:
     # they split them is tuned with the workers and travels in the preset.
     worker_threads: int | None = None
     main_threads: int | None = None
+    # Where JPEGs are decoded: cpu (the workers) or device (the training process, per batch,
+    # on the GPU when there is one); photos, image_folder and webdataset only
+    decode: Decode = Decode.cpu
 
 
 @dataclass

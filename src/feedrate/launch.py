@@ -218,6 +218,7 @@ def _train_guarded(
                 normalise=work.normalise,
                 resume=resume,
                 checkpoints=checkpoints,
+                decode=work.decode,
             )
         except Exception as exc:
             _raise_named(exc, work, monitor)

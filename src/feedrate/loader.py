@@ -28,6 +28,7 @@ from torch.utils.data import (
 from torch.utils.data._utils.collate import default_collate
 
 from feedrate.checks import check_picklable, start_method
+from feedrate.decode import is_encoded
 from feedrate.distributed import shard
 from feedrate.faults import SEND_FAILED, send_failure_exit
 from feedrate.hardware import Hardware, usable_cores
@@ -66,6 +67,9 @@ def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
         "timeout": cfg.timeout,
         "persistent_workers": cfg.persistent_workers,
     }
+    decode = getattr(cfg.get("decode"), "value", cfg.get("decode"))
+    if decode and decode != "cpu":
+        kwargs["decode"] = decode  # not the DataLoader's: the workload's (feedrate.decode)
     if cfg.num_workers > 0:
         kwargs["prefetch_factor"] = cfg.prefetch_factor  # None: PyTorch's default (2)
         kwargs["multiprocessing_context"] = start_method(cfg)
@@ -88,7 +92,10 @@ class CountingCollate:
         row[1] += len(batch) - len(kept)
         if not kept:
             return None  # every sample of this batch was skipped
-        out = default_collate(kept)
+        if is_encoded(kept[0][0]):  # loader.decode=device: bytes of differing lengths
+            out = [x for x, _ in kept], default_collate([y for _, y in kept])
+        else:
+            out = default_collate(kept)
         if info is not None:
             row[0] += len(kept)
         return out
@@ -117,6 +124,7 @@ def build_loader(
     """
     kwargs = dict(kwargs)
     threads = kwargs.pop("worker_threads", None)
+    kwargs.pop("decode", None)
     workers = kwargs["num_workers"]
     if workers > 0:
         check_picklable(dataset, kwargs["multiprocessing_context"])

@@ -170,6 +170,7 @@ class ShardStream(IterableDataset):
     splits_by_worker = True
     handles_errors = True  # on_error=skip: a sample that fails to read or decode is dropped
     on_error = "raise"
+    raw = False  # loader.decode=device: hand over the JPEG bytes (feedrate.decode.bytes_only)
 
     def __init__(
         self,
@@ -241,6 +242,8 @@ class ShardStream(IterableDataset):
     def _decode(self, sample: dict) -> tuple[torch.Tensor, int]:
         if self.sample_latency_s:
             time.sleep(self.sample_latency_s)
+        if self.raw:
+            return torch.frombuffer(bytearray(sample["jpg"]), dtype=torch.uint8), int(sample["cls"])
         if self._transform is None:
             from feedrate.dataset import train_transform
 

@@ -235,7 +235,12 @@ Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
 
 
 def _epoch_batches(
-    loader: DataLoader, where: _Where, resume: Position | None, hw: Hardware, meter: Meter
+    loader: DataLoader,
+    where: _Where,
+    resume: Position | None,
+    hw: Hardware,
+    meter: Meter,
+    decode: Callable[[list], torch.Tensor] | None = None,
 ) -> Batches:
     """One epoch's batches on the device. From ``resume`` the epoch goes on with the same
     shuffle after the samples already trained (:class:`feedrate.loader.ResumableSampler`).
@@ -263,8 +268,10 @@ def _epoch_batches(
         where.samples += per_batch
         if batch is None:  # dataset.on_error=skip dropped every sample of it
             continue
-        meter.batch_arrived()
         x, y = batch
+        if decode is not None:  # loader.decode=device: the input pipeline's last stage
+            x = decode(x)
+        meter.batch_arrived()
         yield (
             x.to(hw.device, non_blocking=hw.non_blocking),
             y.to(hw.device, non_blocking=hw.non_blocking),
@@ -299,6 +306,7 @@ def train(
     normalise: Callable[..., torch.Tensor],
     resume: Position | None = None,
     checkpoints: Checkpoints | None = None,
+    decode: Callable[[list], torch.Tensor] | None = None,
 ) -> TrainResult:
     """Train for ``planned_steps``, timed by a :class:`~feedrate.meter.Meter`.
 
@@ -336,7 +344,7 @@ def train(
     with _uneven_inputs(model, streaming):
         while stopped_at is None:
             meter.epoch_started()
-            batches = _epoch_batches(loader, where, resume, hw, meter)
+            batches = _epoch_batches(loader, where, resume, hw, meter, decode)
             resume = None  # only the first epoch resumes part-way
             if measure is Measure.compute:
                 batches = _resident(batches, meter)
@@ -377,6 +385,7 @@ def evaluate(
     loader: DataLoader,
     hw: Hardware,
     normalise: Callable[..., torch.Tensor],
+    decode: Callable[[list], torch.Tensor] | None = None,
 ) -> tuple[float | None, float | None]:
     """(mean loss, accuracy) of ``model`` over ``loader``, in eval mode; None if empty."""
     model.eval()
@@ -387,6 +396,7 @@ def evaluate(
         if batch is None:
             continue
         x, y = batch
+        x = decode(x) if decode is not None else x
         x = normalise(x.to(hw.device, non_blocking=hw.non_blocking))
         y = y.to(hw.device, non_blocking=hw.non_blocking)
         with torch.autocast(hw.device.type, dtype=hw.amp_dtype, enabled=hw.amp_dtype is not None):

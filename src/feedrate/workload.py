@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from feedrate import distributed
 from feedrate.dataset import GuardedDataset, build_dataset, num_classes, split
+from feedrate.decode import BatchDecoder, bytes_only
 from feedrate.distributed import Ranks
 from feedrate.faults import Context, check_shm, unbatchable_sample
 from feedrate.hardware import Hardware
@@ -41,6 +42,7 @@ class Workload:
     loader_args: dict
     normalise: Callable[..., torch.Tensor]
     context: Context  # what a failure's diagnosis reads
+    decode: Callable[[list], torch.Tensor] | None = None  # loader.decode=device: a batch's JPEGs
 
 
 def build(cfg: DictConfig, hw: Hardware, ranks: Ranks) -> Workload:
@@ -52,6 +54,10 @@ def build(cfg: DictConfig, hw: Hardware, ranks: Ranks) -> Workload:
     streaming = is_stream(dataset)
     train_set = (GuardedStream if streaming else GuardedDataset)(train_set, on_error)
     sample = _first_sample(dataset)
+    decoder = None
+    if getattr(cfg.loader.decode, "value", cfg.loader.decode) == "device":
+        bytes_only(dataset)  # after the first sample, which sizes the model decoded
+        decoder = BatchDecoder(hw.device, sample.shape[-1])
     model = build_model(cfg.model, classes).to(hw.device)
     if hw.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -87,6 +93,7 @@ def build(cfg: DictConfig, hw: Hardware, ranks: Ranks) -> Workload:
         loader_args=args,
         normalise=make_input_transform(hw, sample.shape[0]),
         context=context,
+        decode=decoder,
     )
 
 
@@ -124,4 +131,4 @@ def evaluate_held_out(
     args = {**work.loader_args, "drop_last": False, "persistent_workers": False, "shuffle": False}
     on_error = cfg.dataset.get("on_error", "raise")
     loader = build_loader(GuardedDataset(work.val_set, on_error), args, cfg.trainer.seed)
-    return evaluate(work.model, loader, hw, work.normalise)
+    return evaluate(work.model, loader, hw, work.normalise, work.decode)

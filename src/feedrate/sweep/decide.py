@@ -35,6 +35,7 @@ def resolved_settings(metrics: dict, stream: bool) -> dict | None:
         "num_workers": loader.get("num_workers", 0),
         "pin_memory": bool(loader.get("pin_memory")),
         "torch_threads": run.get("torch_threads"),
+        "decode": loader.get("decode", "cpu"),
     }
     if out["num_workers"]:
         out["prefetch_factor"] = loader.get("prefetch_factor") or 2

@@ -27,6 +27,7 @@ PRESET_KEYS = (
     "timeout",
     "worker_threads",
     "main_threads",
+    "decode",
 )
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 

@@ -136,12 +136,28 @@ def loader_search_space(cfg: DictConfig, trial: optuna.trial.Trial) -> None:
     context = trial.suggest_categorical("loader.multiprocessing_context", start_methods(cfg))
     if torch.cuda.is_available():
         trial.suggest_categorical("loader.pin_memory", [True, False])
+    if search_decode(cfg):
+        trial.suggest_categorical("loader.decode", ["cpu", "device"])
     if cfg.sweep.tune_batch_size:
         trial.suggest_categorical("loader.batch_size", list(cfg.sweep.batch_sizes))
     if search_threads(cfg):
         trial.suggest_int("loader.main_threads", 1, max_threads(), log=True)
         if context != "fork":  # forked workers hang on more than one thread: checks.py
             trial.suggest_int("loader.worker_threads", 1, max_threads(), log=True)
+
+
+# Datasets whose workers can hand over JPEG bytes (feedrate.decode.bytes_only)
+BYTES_DATASETS = (
+    "feedrate.dataset.build_photos",
+    "feedrate.dataset.build_image_folder",
+    "feedrate.stream.build_webdataset",
+)
+
+
+def search_decode(cfg: DictConfig) -> bool:
+    """Search where JPEGs are decoded? With a GPU to decode them on, for datasets of JPEGs."""
+    dataset = cfg.get("dataset") or {}
+    return torch.cuda.is_available() and dataset.get("_target_") in BYTES_DATASETS
 
 
 def max_threads() -> int:
@@ -216,6 +232,7 @@ def check_sweep(config: DictConfig) -> None:
         )
     searched = [*SEARCHED, *(["loader.batch_size"] if s.tune_batch_size else [])]
     searched += THREADS if search_threads(config) else ()
+    searched += ["loader.decode"] if search_decode(config) else []
     for arg in config.hydra.overrides.task:
         key = arg.split("=", 1)[0].lstrip("+~")
         if key in searched:
