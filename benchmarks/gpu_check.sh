@@ -2,6 +2,12 @@
 # Every GPU check in one call, on a machine with an NVIDIA GPU (an H200 is what it is sized for):
 #
 #   bash benchmarks/gpu_check.sh                 # within FEEDRATE_GPU_BUDGET seconds (570)
+#   FEEDRATE_GPU_WORKLOAD=gpu_decode bash benchmarks/gpu_check.sh   # a second call: ResNet-18
+#
+# FEEDRATE_GPU_WORKLOAD=gpu_decode measures where JPEGs are decoded instead: ResNet-18 trains
+# faster than 16 cores decode, the sweep searches loader.decode (cpu: the workers; device: one
+# nvJPEG call per batch), and the tuned preset runs beside itself with the other placement.
+# Targets there: tuned >= 1.5x recipe, the ceiling as below. (Not yet run on a GPU.)
 #
 # 1. the driver and the environment: nvidia-smi, and environment.json of a short run (the first
 #    one also builds the photos at 224 px);
@@ -36,6 +42,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
+WORKLOAD=${FEEDRATE_GPU_WORKLOAD:-gpu}  # gpu (ResNet-50) or gpu_decode (ResNet-18, decode placement)
 OUT=${OUT:-benchmarks/results/$(date +%Y-%m-%d_%H-%M)_gpu}
 mkdir -p "$OUT"
 START=$(date +%s)
@@ -49,6 +56,15 @@ if [[ "${FEEDRATE_GPU_CHECK:-}" == smoke ]]; then
            --steady-seconds 1)
     PRESET=${PRESET:-gpu_check_smoke}
     BUDGET=${FEEDRATE_GPU_BUDGET:-1100}
+elif [[ "${FEEDRATE_GPU_WORKLOAD:-gpu}" == gpu_decode ]]; then
+    # ResNet-18 (the workload's model) trains faster than the cores decode: decode placement
+    EXTRA=(hardware=h200)
+    SWEEP_EXTRA=(hydra.sweeper.n_trials=3 sweep.finalists=1 sweep.final_seconds=2
+                 sweep.max_workers=64)
+    BENCH=(--repeats 5 --seconds 2 --grid 16 --prefetch 4 --grid-seconds 3
+           --steady-seconds 0 --no-side-rows)
+    PRESET=${PRESET:-h200_16core_resnet18}
+    BUDGET=${FEEDRATE_GPU_BUDGET:-570}
 else
     EXTRA=(model=resnet50 hardware=h200)
     # one finalist (make bench: two) so the sweep fits: its search runs, one each, decide
@@ -86,7 +102,7 @@ fi
 
 stage "3/3 loader benchmark (sweep, contestants, ceilings)"
 # the benchmark ends its last round 20 s before the script's budget; the timeout is a backstop
-timeout "$(left)" "$PY" benchmarks/loader_bench.py --workloads gpu "${BENCH[@]}" \
+timeout "$(left)" "$PY" benchmarks/loader_bench.py --workloads "$WORKLOAD" "${BENCH[@]}" \
     --budget "$(( $(left) - 20 ))" ${FEEDRATE_GPU_SKIP_SWEEP:+--skip-sweep} \
     --preset-name "$PRESET" --extra "${EXTRA[@]}" --sweep-extra "${SWEEP_EXTRA[@]}" \
     --out "$OUT" 2>&1 | tee "$OUT/bench.log"

@@ -74,6 +74,9 @@ WORKLOADS = {
     # Photos at 224 px for a model that trains (benchmarks/gpu_check.sh adds model=resnet50
     # hardware=h200 through --extra: ResNet-50 in bf16).
     "gpu": ["dataset=photos", "dataset.image_size=224"],
+    # Photos for ResNet-18, which trains faster than 16 cores decode JPEGs on an H200: where
+    # decode placement (loader.decode, searched with a GPU) matters.
+    "gpu_decode": ["dataset=photos", "dataset.image_size=224", "model=resnet18"],
 }
 GRID = (0, 2, 4, 8, 16, 32, 64)  # num_workers of the grid
 PREFETCH = (2, 4, 8)  # prefetch_factor of the grid (every worker count above 0)
@@ -95,6 +98,7 @@ BEST_GRID = "best_grid"  # the grid's best point, measured in the rounds beside 
 # The tuned preset with other thread counts: PyTorch's where the sweep tuned them, else two
 # threads a worker (does the sweep's "one a worker, not searched" hold there?)
 THREADS = "tuned_threads_"
+DECODE = "tuned_decode_"  # the tuned preset with JPEGs decoded on the other side
 
 
 def preset_name(workload: str, args: argparse.Namespace) -> str:
@@ -127,6 +131,14 @@ def threads_variant(preset: dict) -> tuple[str, list[str]] | None:
             ]
         return f"{THREADS}2_per_worker", ["loader.worker_threads=2"]
     return None
+
+
+def decode_variant(preset: dict, workload: str) -> tuple[str, list[str]] | None:
+    """The tuned preset with the other decode placement (a row that is not a contestant)."""
+    if workload != "gpu_decode":
+        return None
+    other = "cpu" if preset.get("decode") == "device" else "device"
+    return f"{DECODE}{other}", [f"loader.decode={other}"]
 
 
 def contestants(preset: str, cores: int) -> dict[str, list[str]]:
@@ -238,16 +250,19 @@ def measure_all(
         runs[BEST_GRID] = grid[best]
         print(f"[{workload}] best of the grid: {best}", flush=True)
     # Reading memory must not cost the measurement: the tuned preset with it off, beside it;
-    # and the threads the sweep tuned (or left alone) against the other choice
+    # and the threads the sweep tuned (or left alone) against the other choice. The decode
+    # placement's other side is measured whatever --no-side-rows says: gpu_decode is about it.
     tuned = runs["tuned"]
+    preset = read_preset(ROOT / "conf" / "loader" / f"{preset_name(workload, args)}.yaml")
     side = {}
     if args.side_rows:
-        variant = threads_variant(
-            read_preset(ROOT / "conf" / "loader" / f"{preset_name(workload, args)}.yaml")
-        )
-        side = {MEMORY_OFF: [*tuned, NO_MEMORY_READS]}
+        side[MEMORY_OFF] = [*tuned, NO_MEMORY_READS]
+        variant = threads_variant(preset)
         if variant:
             side[variant[0]] = [*tuned, *variant[1]]
+    decode = decode_variant(preset, workload)
+    if decode:
+        side[decode[0]] = [*tuned, *decode[1]]
     runs = {"tuned": tuned, **side, **runs}
     # Round 1: everyone; then one row per resolved configuration.
     for name, overrides in runs.items():
@@ -325,7 +340,7 @@ def merge_rows(rows: list[dict]) -> dict[str, str]:
 
 
 def _is_contestant(name: str) -> bool:
-    return not name.startswith((CEILING, "grid_", THREADS)) and name != MEMORY_OFF
+    return not name.startswith((CEILING, "grid_", THREADS, DECODE)) and name != MEMORY_OFF
 
 
 def applicable_ceiling(rows: list[dict]) -> str:
@@ -403,6 +418,8 @@ def compare(rows: list[dict]) -> dict | None:
     memory = stats.compare(values.get(MEMORY_OFF, []), values["tuned"])
     variant = next((k for k in values if k.startswith(THREADS)), None)
     threads = stats.compare(values["tuned"], values[variant]) if variant else None
+    placed = next((k for k in values if k.startswith(DECODE)), None)
+    decode = stats.compare(values["tuned"], values[placed]) if placed else None
     contestants += [n for n, twin in alias.items() if twin in values]  # each name, its twin's runs
     return {
         "values": {k: values[alias.get(k, k)] for k in contestants},
@@ -428,6 +445,11 @@ def compare(rows: list[dict]) -> dict | None:
             threads.as_dict()
             | {"shown": threads.describe(), "versus": variant.removeprefix(THREADS)}
             if threads
+            else None
+        ),
+        "decode": (
+            decode.as_dict() | {"shown": decode.describe(), "versus": placed.removeprefix(DECODE)}
+            if decode
             else None
         ),
     }
@@ -507,6 +529,9 @@ def show(workload: str, res: dict) -> list[tuple[str, float, object, bool]]:
     if res.get("threads"):
         t = res["threads"]
         print(f"  tuned threads / {_threads_text(t['versus'])} = {t['shown']}")
+    if res.get("decode"):
+        d = res["decode"]
+        print(f"  tuned / decode={d['versus']} = {d['shown']}")
     wait = res["data_wait"].get("tuned")
     if workload in DATA_WAIT_TARGET and wait is not None:
         limit = DATA_WAIT_TARGET[workload]
@@ -574,9 +599,11 @@ TARGETS = {
         "tuned/ceiling": 0.9,
     },
     "gpu": {"tuned/recipe": 1.3, "tuned/ceiling": 0.9},
+    # when the CPU decode is the limit, the placement the sweep picks must pay off
+    "gpu_decode": {"tuned/recipe": 1.5, "tuned/ceiling": 0.9},
 }
 # With the model setting the pace, the device should hardly ever wait for data.
-DATA_WAIT_TARGET = {"gpu": 0.05}
+DATA_WAIT_TARGET = {"gpu": 0.05, "gpu_decode": 0.05}
 SWEEP_SECONDS_TARGET = 120.0
 FIDELITY = 0.10  # a trial's figure within 10% of the same settings' steady state
 
@@ -710,6 +737,9 @@ def tables(results: dict, sweep_seconds: dict, fidelity: dict) -> str:
         if res.get("threads"):
             t = res["threads"]
             lines.append(f"| {w} | tuned threads / {_threads_text(t['versus'])} | {t['shown']} | |")
+        if res.get("decode"):
+            d = res["decode"]
+            lines.append(f"| {w} | tuned / decode={d['versus']} | {d['shown']} | |")
     if any(fidelity.values()):
         lines += [
             "",
