@@ -119,6 +119,30 @@ def test_webdataset_trains_from_the_command_line(shards, tmp_path):
     assert "48 samples (a stream)" in proc.stdout
 
 
+@pytest.mark.slow
+def test_a_resumed_stream_starts_its_epoch_again_and_says_so(shards, tmp_path):
+    photos, root = shards
+    common = [
+        "dataset=webdataset",
+        f"dataset.root={root}",
+        f"dataset.photos_root={photos}",
+        f"dataset.n_images={N_IMAGES}",
+        "dataset.n_shards=5",
+        "dataset.image_size=32",
+        "loader.num_workers=2",
+        "loader.batch_size=4",
+        "trainer.save_checkpoint=true",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    first = run_cli(*shrink([*common, "trainer.max_steps=5"]))
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_cli(*shrink([*common, "trainer.max_steps=10", "trainer.resume=true"]))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "at step 5 of 10" in again.stdout
+    assert "a stream has no position to restore: epoch 0 starts again" in again.stdout
+    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 10
+
+
 # A user's stream, split by rank and by worker as the README shows, that writes down what each
 # worker yields (only workers: the main process peeks at one sample to size the model)
 NUMBERS = """
