@@ -82,7 +82,8 @@ class CountingCollate:
     not the start-up backlog training eats at compute speed) and what ``dataset.on_error=skip``
     dropped. One shared-memory row per worker and one for the main process: no locks."""
 
-    def __init__(self, num_workers: int) -> None:
+    def __init__(self, num_workers: int, encoded: bool = False) -> None:
+        self.encoded = encoded  # loader.decode=device: images are JPEG bytes of any length
         self.counts = torch.zeros(num_workers + 1, 2, dtype=torch.int64).share_memory_()
 
     def __call__(self, batch: list) -> object:
@@ -92,7 +93,7 @@ class CountingCollate:
         row[1] += len(batch) - len(kept)
         if not kept:
             return None  # every sample of this batch was skipped
-        if is_encoded(kept[0][0]):  # loader.decode=device: bytes of differing lengths
+        if self.encoded and is_encoded(kept[0][0]):  # a list: the lengths differ
             out = [x for x, _ in kept], default_collate([y for _, y in kept])
         else:
             out = default_collate(kept)
@@ -124,7 +125,7 @@ def build_loader(
     """
     kwargs = dict(kwargs)
     threads = kwargs.pop("worker_threads", None)
-    kwargs.pop("decode", None)
+    encoded = kwargs.pop("decode", None) == "device"
     workers = kwargs["num_workers"]
     if workers > 0:
         check_picklable(dataset, kwargs["multiprocessing_context"])
@@ -144,7 +145,7 @@ def build_loader(
         return _Loader(
             Repeated(dataset) if stream else dataset,
             generator=generator,
-            collate_fn=CountingCollate(workers),
+            collate_fn=CountingCollate(workers, encoded),
             worker_init_fn=init,
             **kwargs,
         )
@@ -163,7 +164,7 @@ def build_loader(
     return _Loader(
         dataset,
         generator=generator,
-        collate_fn=CountingCollate(workers),
+        collate_fn=CountingCollate(workers, encoded),
         worker_init_fn=init,
         **kwargs,
     )

@@ -254,7 +254,9 @@ def _epoch_batches(
     order = getattr(sampler, "order", None)
     if hasattr(order, "set_epoch"):  # a DistributedSampler: this epoch's shuffle
         order.set_epoch(where.epoch)
-    if is_stream(loader.dataset):  # it shuffles its shards itself (fresh workers see this)
+    if is_stream(
+        getattr(loader, "dataset", None)
+    ):  # it shuffles its shards itself (fresh workers see this)
         loader.dataset.set_epoch(where.epoch)
     where.generator = shuffling.get_state() if shuffling is not None else None
     per_batch = getattr(loader, "batch_size", None) or 0
@@ -338,7 +340,7 @@ def train(
     model.train()
     meter.start(where.step)
     # A stream's epochs end when it runs out, not at its length's estimate
-    streaming = is_stream(loader.dataset)
+    streaming = is_stream(getattr(loader, "dataset", None))
     step_limit = cfg.max_steps if streaming else total
     stopped_at = None
     with _uneven_inputs(model, streaming):
