@@ -250,7 +250,7 @@ def test_a_stream_every_worker_reads_whole_is_refused(tmp_path):
     assert "get_worker_info()" in out and "Traceback" not in out
 
 
-def test_a_stream_cannot_be_split_for_validation_nor_skip_samples_from_outside(tmp_path):
+def test_a_stream_is_refused_a_val_split_a_skip_from_outside_and_emptiness(tmp_path):
     env = {"PYTHONPATH": str(tmp_path)}
     held_out = run_cli(*_numbers(tmp_path, "trainer.val_fraction=0.2"), env=env)
     assert held_out.returncode == 2, held_out.stdout[-2000:]
@@ -259,3 +259,7 @@ def test_a_stream_cannot_be_split_for_validation_nor_skip_samples_from_outside(t
     skipping = run_cli(*_numbers(tmp_path, "dataset.on_error=skip"), env=env)
     assert skipping.returncode == 2, skipping.stdout[-2000:]
     assert "a stream ends at its first exception" in skipping.stdout
+    (tmp_path / "seen").rmdir()
+    empty = run_cli(*_numbers(tmp_path, "dataset.n=0"), env=env)
+    assert empty.returncode == 2, empty.stdout[-2000:]
+    assert "the stream Numbers yielded nothing in this process" in empty.stdout

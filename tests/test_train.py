@@ -214,7 +214,8 @@ def test_prefetched_backlog_is_not_reported_as_throughput(compose):
     from feedrate.metrics import summarise
     from feedrate.model import TinyCNN
     from feedrate.monitor import ResourceMonitor
-    from feedrate.trainer import build_optimizer, make_input_transform, train
+    from feedrate.trainer import train
+    from feedrate.workload import build_optimizer, make_input_transform
 
     cfg = compose("trainer.max_steps=40", "trainer.warmup_steps=2", "trainer.window_steps=4")
     hw = Hardware("cpu", torch.device("cpu"), None, False, False, False, False, 1)

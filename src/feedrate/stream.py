@@ -111,6 +111,17 @@ class Repeated(_Wrapper):
                 return
 
 
+def nothing_here(dataset: Any) -> DatasetError:
+    """The error for a stream that yields nothing in this process."""
+    while isinstance(dataset, _Wrapper):
+        dataset = dataset.dataset
+    return DatasetError(
+        f"the stream {type(dataset).__qualname__} yielded nothing in this process: it has no"
+        " share of the data here (fewer shards than ranks?), or it is empty, or every sample"
+        " it read was skipped; give every rank a shard"
+    )
+
+
 def _fingerprint(sample: Any) -> bytes:
     digest = hashlib.blake2b(digest_size=16)
     for part in sample if isinstance(sample, (tuple, list)) else (sample,):

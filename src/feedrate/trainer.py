@@ -17,58 +17,18 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from feedrate.checkpoint import Position
-from feedrate.config import Measure, Optimizer
+from feedrate.config import Measure
 from feedrate.errors import ConfigError, DatasetError, Interrupted
 from feedrate.faults import LoaderFailure
 from feedrate.hardware import Hardware
 from feedrate.loader import produced_samples
 from feedrate.meter import Meter, StepTimes
 from feedrate.monitor import ResourceMonitor
-from feedrate.stream import is_stream
+from feedrate.stream import is_stream, nothing_here
 
 log = logging.getLogger(__name__)
 
-# Normalisation happens on the device: the loader moves uint8, 4x fewer bytes than float32.
-_IMAGENET_MEAN = (0.485, 0.456, 0.406)
-_IMAGENET_STD = (0.229, 0.224, 0.225)
 _END = object()  # the loader's iterator is exhausted
-
-
-def build_optimizer(cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
-    opt = cfg.optimizer if isinstance(cfg.optimizer, Optimizer) else Optimizer(cfg.optimizer)
-    if opt is Optimizer.sgd:
-        return torch.optim.SGD(
-            model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-        )
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
-def make_input_transform(hw: Hardware, channels: int) -> Callable[..., torch.Tensor]:
-    """Batch on the device -> normalised float batch (uint8 scaled by 1/255 there).
-
-    This is the first op of the training step, not part of loading: the loader's side ends
-    with the host-to-device copy, which is what ``trainer.measure=loader`` measures.
-    """
-    if channels == 3:
-        mean, std = _IMAGENET_MEAN, _IMAGENET_STD
-    else:
-        mean, std = (0.5,) * channels, (0.25,) * channels
-    mean_t = torch.tensor(mean, device=hw.device).view(1, -1, 1, 1)
-    std_t = torch.tensor(std, device=hw.device).view(1, -1, 1, 1)
-    memory_format = torch.channels_last if hw.channels_last else torch.contiguous_format
-
-    def normalise(x: torch.Tensor, inplace: bool = True) -> torch.Tensor:
-        # One new float tensor, then in place: the batch is ours, and a 64x3x224x224 batch
-        # makes every extra temporary cost tens of milliseconds on a CPU. A float batch that
-        # must survive (measure=compute reuses it) is copied once instead.
-        if x.dtype == torch.uint8:
-            x = x.float().div_(255.0)
-        elif not inplace or x.dtype != torch.float32:
-            x = x.to(torch.float32, copy=True)
-        x = x.sub_(mean_t).div_(std_t)
-        return x.contiguous(memory_format=memory_format)
-
-    return normalise
 
 
 def _bar_style(cfg: DictConfig) -> dict:
@@ -280,6 +240,15 @@ def _epoch_batches(
         )
 
 
+def _empty_epoch(loader: DataLoader, streaming: bool) -> DatasetError:
+    if streaming:
+        return nothing_here(loader.dataset)
+    return DatasetError(
+        "an epoch yielded no batch at all (every sample failed and dataset.on_error=skip"
+        " dropped it): fix the dataset, or set dataset.on_error=raise to see the first failure"
+    )
+
+
 def _uneven_inputs(model: nn.Module, streaming: bool) -> contextlib.AbstractContextManager:
     """Under DDP, a rank whose stream runs out first keeps joining the others' all-reduces
     until they run out too (a stream's shards need not divide evenly between ranks)."""
@@ -367,11 +336,7 @@ def train(
                     position = lambda: where.position(scaler)  # noqa: E731
                     _save_if_due(checkpoints, where.step, total, position, meter, bar)
             if stopped_at is None and where.batches == 0 and where.samples == 0:
-                raise DatasetError(
-                    "an epoch yielded no batch at all (every sample failed and"
-                    " dataset.on_error=skip dropped it): fix the dataset, or set"
-                    " dataset.on_error=raise to see the first failure"
-                )
+                raise _empty_epoch(loader, streaming)
             where.epoch += 1
             if stopped_at is None and cfg.epochs is not None and where.epoch >= cfg.epochs:
                 stopped_at = where.position(scaler)  # a stream ran out in the last epoch
