@@ -72,6 +72,26 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None
     )
 
 
+def run_torchrun(ranks: int, *args: str, cwd: Path = ROOT, env: dict | None = None):
+    """Run ``torchrun --standalone --nproc_per_node=RANKS train.py ARGS`` on the CPU."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={ranks}",
+            str(ROOT / "train.py"),
+            *args,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0", **(env or {})},
+    )
+
+
 @functools.lru_cache(maxsize=1)
 def unshare_works() -> bool:
     """Can this host mount a small tmpfs in a private mount namespace (root, ``unshare``)?

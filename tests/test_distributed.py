@@ -3,35 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import yaml
 
-from .conftest import ROOT, run_cli, shrink
+from .conftest import run_cli, run_torchrun, shrink
 
 
 @pytest.mark.slow
 def test_two_ranks_train_one_model_and_sum_their_throughput(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "train.py",
-            *shrink(["loader.num_workers=2", f"hydra.run.dir={tmp_path}"]),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"},
-    )
+    proc = run_torchrun(2, *shrink(["loader.num_workers=2", f"hydra.run.dir={tmp_path}"]))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "rank 1 of 2 (local 1 of 2) on cpu, backend gloo" in out

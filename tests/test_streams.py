@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from feedrate.errors import DatasetError
 from feedrate.loader import build_loader
 from feedrate.stream import GuardedStream, ShardStream, build_webdataset, check_split_by_worker
 
-from .conftest import ROOT, run_cli, shrink
+from .conftest import run_cli, run_torchrun, shrink
 
 N_IMAGES = 48
 
@@ -89,24 +87,33 @@ def test_two_ranks_read_disjoint_shards_that_cover_the_stream(shards, monkeypatc
     assert len(seen[0]) != len(seen[1]), "5 shards cannot split evenly: DDP's join handles it"
 
 
-def test_webdataset_trains_from_the_command_line(shards, tmp_path):
+def _webdataset(shards, run_dir: Path, *overrides: str) -> list[str]:
+    """train.py's overrides for the module's shards, 2 workers, the run in ``run_dir``."""
     photos, root = shards
+    return shrink(
+        [
+            "dataset=webdataset",
+            f"dataset.root={root}",
+            f"dataset.photos_root={photos}",
+            f"dataset.n_images={N_IMAGES}",
+            "dataset.n_shards=5",
+            "dataset.image_size=32",
+            "loader.num_workers=2",
+            f"hydra.run.dir={run_dir}",
+            *overrides,
+        ]
+    )
+
+
+def test_webdataset_trains_from_the_command_line(shards, tmp_path):
     proc = run_cli(
-        *shrink(
-            [
-                "dataset=webdataset",
-                f"dataset.root={root}",
-                f"dataset.photos_root={photos}",
-                f"dataset.n_images={N_IMAGES}",
-                "dataset.n_shards=5",
-                "dataset.image_size=32",
-                "dataset.shard_latency_ms=20",
-                "dataset.sample_latency_ms=1",
-                "loader.num_workers=2",
-                "trainer.max_steps=null",
-                "trainer.epochs=2",
-                f"hydra.run.dir={tmp_path}",
-            ]
+        *_webdataset(
+            shards,
+            tmp_path,
+            "dataset.shard_latency_ms=20",
+            "dataset.sample_latency_ms=1",
+            "trainer.max_steps=null",
+            "trainer.epochs=2",
         )
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -121,22 +128,12 @@ def test_webdataset_trains_from_the_command_line(shards, tmp_path):
 
 @pytest.mark.slow
 def test_a_resumed_stream_starts_its_epoch_again_and_says_so(shards, tmp_path):
-    photos, root = shards
-    common = [
-        "dataset=webdataset",
-        f"dataset.root={root}",
-        f"dataset.photos_root={photos}",
-        f"dataset.n_images={N_IMAGES}",
-        "dataset.n_shards=5",
-        "dataset.image_size=32",
-        "loader.num_workers=2",
-        "loader.batch_size=4",
-        "trainer.save_checkpoint=true",
-        f"hydra.run.dir={tmp_path}",
-    ]
-    first = run_cli(*shrink([*common, "trainer.max_steps=5"]))
+    common = ["loader.batch_size=4", "trainer.save_checkpoint=true"]
+    first = run_cli(*_webdataset(shards, tmp_path, *common, "trainer.max_steps=5"))
     assert first.returncode == 0, first.stderr[-3000:]
-    again = run_cli(*shrink([*common, "trainer.max_steps=10", "trainer.resume=true"]))
+    again = run_cli(
+        *_webdataset(shards, tmp_path, *common, "trainer.max_steps=10", "trainer.resume=true")
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "at step 5 of 10" in again.stdout
     assert "a stream has no position to restore: epoch 0 starts again" in again.stdout
@@ -201,22 +198,8 @@ def _numbers(tmp_path: Path, *overrides: str) -> list[str]:
 
 @pytest.mark.slow
 def test_a_users_stream_under_torchrun_is_trained_on_once_per_epoch(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            str(ROOT / "train.py"),
-            *_numbers(tmp_path, "loader.num_workers=4"),  # 2 a rank
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": "."},
-    )
+    overrides = _numbers(tmp_path, "loader.num_workers=4")  # 2 a rank
+    proc = run_torchrun(2, *overrides, cwd=tmp_path, env={"PYTHONPATH": "."})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     seen = collections.Counter(
         int(k) for f in (tmp_path / "seen").iterdir() for k in f.read_text().split()

@@ -49,7 +49,9 @@ def shard_count(cfg: DictConfig) -> int | None:
         return None
     if dataset.get("n_shards"):
         return int(dataset.n_shards)
-    return _shards(OmegaConf.to_yaml(dataset))
+    if str(dataset._target_).startswith("feedrate."):  # its shards, if any, are in the config
+        return None
+    return _shards(OmegaConf.to_yaml(dataset))  # a user's dataset may say num_shards
 
 
 @functools.lru_cache(maxsize=8)
