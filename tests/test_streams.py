@@ -5,7 +5,10 @@ hands every worker the same samples refused."""
 from __future__ import annotations
 
 import collections
+import functools
+import itertools
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -42,7 +45,17 @@ def _stream(shards, **kwargs) -> ShardStream:
     )
 
 
-def _epochs(dataset, workers: int, epochs: int = 2) -> list[list[int]]:
+def _epochs(
+    dataset,
+    workers: int,
+    epochs: int = 2,
+    first_epoch: int = 0,
+    batches: int | None = None,
+    state_in: dict | None = None,
+    state_out: dict | None = None,
+) -> list[list[int]]:
+    """The samples' ids of ``epochs`` epochs (the first ``batches`` of each); the loader
+    starts from ``state_in`` and leaves its state in ``state_out``."""
     kwargs = {
         "batch_size": 4,
         "num_workers": workers,
@@ -54,10 +67,15 @@ def _epochs(dataset, workers: int, epochs: int = 2) -> list[list[int]]:
     if workers:
         kwargs |= {"prefetch_factor": 2, "multiprocessing_context": "fork", "timeout": 60.0}
     loader = build_loader(GuardedStream(dataset), kwargs, seed=0)
+    if state_in is not None:
+        loader.load_state_dict(state_in)
     seen = []
-    for epoch in range(epochs):
+    for epoch in range(first_epoch, first_epoch + epochs):
         loader.dataset.set_epoch(epoch)
-        seen.append([int(i) for x, _ in loader for i in x])
+        read = itertools.islice(iter(loader), batches)
+        seen.append([int(i) for x, _ in read for i in x])
+    if state_out is not None:
+        state_out.update(loader.state_dict())
     return seen
 
 
@@ -68,6 +86,20 @@ def test_each_sample_of_a_stream_is_seen_once_per_epoch(shards, monkeypatch, wor
     assert len(set(first)) == N_IMAGES and len(first) == N_IMAGES
     assert sorted(second) == sorted(first)
     assert second != first, "every epoch shuffles the shards and the buffer anew"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_goes_on_from_its_loaders_state(shards, monkeypatch, workers):
+    """Five batches, the loader's state, a new loader from that state: together they read the
+    epoch an uninterrupted loader reads, in the same order; the next epoch is whole."""
+    monkeypatch.setattr(ShardStream, "_decode", _keyed)
+    epoch = functools.partial(_epochs, workers=workers, epochs=1, first_epoch=1)
+    (whole,) = epoch(_stream(shards, shuffle_buffer=8))
+    state = {}
+    (head,) = epoch(_stream(shards, shuffle_buffer=8), batches=5, state_out=state)
+    (tail, after) = epoch(_stream(shards, shuffle_buffer=8), state_in=state, epochs=2)
+    assert len(head) == 5 * 4 and head + tail == whole
+    assert sorted(after) == sorted(whole) and after != whole
 
 
 def test_two_ranks_read_disjoint_shards_that_cover_the_stream(shards, monkeypatch):
@@ -127,17 +159,21 @@ def test_webdataset_trains_from_the_command_line(shards, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_resumed_stream_starts_its_epoch_again_and_says_so(shards, tmp_path):
-    common = ["loader.batch_size=4", "trainer.save_checkpoint=true"]
+def test_a_resumed_webdataset_goes_on_from_where_it_stopped(shards, tmp_path):
+    """An epoch stopped at step 5 and resumed ends at the step an unbroken epoch ends at."""
+    common = ["loader.batch_size=4", "trainer.save_checkpoint=true", "trainer.epochs=1"]
+    common += ["model=pooled_linear"]  # a worker's last batch may hold one sample: no batch norm
+    whole = run_cli(*_webdataset(shards, tmp_path / "whole", *common, "trainer.max_steps=null"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    steps = json.loads((tmp_path / "whole" / "metrics.json").read_text())["steps"]
     first = run_cli(*_webdataset(shards, tmp_path, *common, "trainer.max_steps=5"))
     assert first.returncode == 0, first.stderr[-3000:]
     again = run_cli(
-        *_webdataset(shards, tmp_path, *common, "trainer.max_steps=10", "trainer.resume=true")
+        *_webdataset(shards, tmp_path, *common, "trainer.max_steps=null", "trainer.resume=true")
     )
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "at step 5 of 10" in again.stdout
-    assert "a stream has no position to restore: epoch 0 starts again" in again.stdout
-    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 10
+    assert "the stream goes on from its position at step 5 (epoch 0)" in again.stdout
+    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == steps > 5
 
 
 # A user's stream, split by rank and by worker as the README shows, that writes down what each
@@ -150,6 +186,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 class Numbers(IterableDataset):
     classes = ["even", "odd"]
+
+    done = skip = 0  # samples this worker has read of its pass; to read again unseen
 
     def __init__(self, n, n_shards, log_dir, split=True):
         self.n, self.n_shards, self.log_dir, self.split = n, n_shards, log_dir, split
@@ -164,13 +202,26 @@ class Numbers(IterableDataset):
             shards = shards[rank::world]
             if info is not None:
                 shards = shards[info.id :: info.num_workers]
+        self.done, skip, self.skip = 0, self.skip, 0
         for shard in shards:
             for k in range(shard, self.n, self.n_shards):
+                self.done += 1
+                if self.done <= skip:
+                    continue
                 if info is not None:
                     name = f"{os.environ.get('RANK', 0)}-{info.id}-{os.getpid()}"
                     with open(os.path.join(self.log_dir, name), "a") as fh:
                         fh.write(f"{k}\\n")
                 yield torch.full((3, 8, 8), k % 251, dtype=torch.uint8), k % 2
+
+
+class Resumable(Numbers):  # says where each worker is: a checkpoint keeps it
+
+    def state_dict(self):
+        return {"done": self.done}
+
+    def load_state_dict(self, state):
+        self.skip = state["done"]
 """
 
 
@@ -207,6 +258,44 @@ def test_a_users_stream_under_torchrun_is_trained_on_once_per_epoch(tmp_path):
     assert sorted(seen) == list(range(101)) and set(seen.values()) == {1}
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert m["world_size"] == 2 and m["epochs_started"] == 1
+
+
+@pytest.mark.slow
+def test_a_users_stream_resumes_on_each_rank_from_its_own_position(tmp_path):
+    """Stopped at step 3 (3 full batches of 8 on each of 2 ranks: 48 samples trained), resumed:
+    the ranks' workers read the 101 - 48 samples not trained yet, each once."""
+    resumable = ("dataset._target_=user_stream.Resumable", "trainer.save_checkpoint=true")
+    first = _numbers(tmp_path, "loader.num_workers=4", *resumable, "trainer.max_steps=3")
+    proc = run_torchrun(2, *first, cwd=tmp_path, env={"PYTHONPATH": "."})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert (tmp_path / "run" / "checkpoints" / "last.rank1.pt").exists()
+    shutil.rmtree(tmp_path / "seen")
+    again = _numbers(tmp_path, "loader.num_workers=4", *resumable, "trainer.resume=true")
+    proc = run_torchrun(2, *again, cwd=tmp_path, env={"PYTHONPATH": "."})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "the stream goes on from its position at step 3 (epoch 0)" in out
+    seen = collections.Counter(
+        int(k) for f in (tmp_path / "seen").iterdir() for k in f.read_text().split()
+    )
+    assert sum(seen.values()) == 101 - 48 and set(seen.values()) == {1}
+
+
+def test_a_stream_without_a_state_restarts_its_epoch_and_says_so(tmp_path):
+    env = {"PYTHONPATH": str(tmp_path)}
+    first = run_cli(
+        *_numbers(tmp_path, "trainer.save_checkpoint=true", "trainer.max_steps=3"), env=env
+    )
+    assert first.returncode == 0, first.stdout[-3000:]
+    (tmp_path / "seen").rmdir()  # no workers: nothing written there
+    again = run_cli(*_numbers(tmp_path, "trainer.resume=true"), env=env)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert (
+        "the stream's position is not restored (Numbers has no state_dict/load_state_dict):"
+        " epoch 0 starts again" in again.stdout
+    )
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["steps"] == 3 + 13  # 101 samples in batches of 8: the whole epoch again
 
 
 def test_the_probe_tells_a_stream_that_splits_from_one_that_does_not(tmp_path):

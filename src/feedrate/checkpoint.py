@@ -30,6 +30,7 @@ class Position:
     # State of the loader's generator when this epoch's iterator was created.
     epoch_generator: torch.Tensor | None = None
     scaler: dict | None = None
+    stream: dict | None = None  # a resumable stream's loader state (this rank's)
 
 
 def checkpoint_path(out_dir: Path, trainer: DictConfig) -> Path:
@@ -86,11 +87,41 @@ def save(
             "epoch": position.epoch,
             "epoch_samples": position.epoch_samples,
             "epoch_generator": position.epoch_generator,
+            "stream": position.stream,
             "batch_size": batch_size,
             "rng": rng_state(),
             "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
         },
     )
+
+
+def rank_path(path: Path, rank: int) -> Path:
+    """Where rank ``rank`` (not 0, whose is in ``path``) keeps its stream's position."""
+    return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def save_stream(path: Path, rank: int, position: Position) -> None:
+    """Rank ``rank``'s stream position beside the checkpoint rank 0 writes, with its step."""
+    if position.stream is not None:
+        state = {"format": FORMAT, "step": position.step, "stream": position.stream}
+        save_checkpoint(rank_path(path, rank), state)
+
+
+def stream_state(saved: dict, path: Path, rank: int) -> tuple[dict | None, str]:
+    """This rank's stream position at the checkpoint's step, or None and the reason."""
+    if rank == 0:
+        state = saved.get("stream")
+        return state, "the checkpoint holds no stream position" if state is None else ""
+    own = rank_path(path, rank)
+    try:
+        mine = torch.load(own, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        return None, f"{own} is missing"
+    except Exception as exc:  # noqa: BLE001 - a torn or foreign file: restart the epoch
+        return None, f"{own} cannot be read ({type(exc).__name__})"
+    if mine.get("step") != saved["step"]:
+        return None, f"{own} is at step {mine.get('step')}, the checkpoint at {saved['step']}"
+    return mine["stream"], ""
 
 
 def load(path: Path) -> dict:

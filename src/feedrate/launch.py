@@ -36,7 +36,7 @@ from feedrate.files import atomic_write_text
 from feedrate.loader import skipped_samples
 from feedrate.metrics import finite, format_summary, summarise
 from feedrate.monitor import ResourceMonitor
-from feedrate.stream import is_stream, length
+from feedrate.stream import is_resumable, is_stream, length
 from feedrate.trainer import Checkpoints, TrainResult, planned_steps, train
 from feedrate.workload import Workload, build, evaluate_held_out
 
@@ -169,11 +169,7 @@ def _restore(run: Run, work: Workload, saved: dict | None) -> checkpoint.Positio
     resume = checkpoint.restore(saved, run.checkpoint, weights, work.optimizer, total, batch)
     log.info("resuming from %s at step %d of %d", run.checkpoint, resume.step, total)
     if is_stream(work.dataset):
-        log.warning(
-            "a stream has no position to restore: epoch %d starts again from its first sample,"
-            " and the samples of it trained before the stop are trained on again",
-            resume.epoch,
-        )
+        _restore_stream(run, work, saved, resume)
     for name in ("metrics", "environment"):
         if run.ranks.is_main and (run.out / f"{name}.json").exists():
             os.replace(run.out / f"{name}.json", run.out / f"{name}_until_step_{resume.step}.json")
@@ -184,6 +180,28 @@ def _write_environment(run: Run) -> None:
     if run.ranks.is_main:
         env = environment.describe(run.fingerprint.as_dict())
         atomic_write_text(run.out / "environment.json", json.dumps(env, indent=2) + "\n")
+
+
+def _restore_stream(run: Run, work: Workload, saved: dict, resume: checkpoint.Position) -> None:
+    """The stream goes on where it stopped if it can say where that was (docs/design.md,
+    "Streams"); otherwise its epoch starts again, and one line says so."""
+    state, why = None, f"{type(work.dataset).__qualname__} has no state_dict/load_state_dict"
+    if is_resumable(work.dataset) and run.cfg.trainer.stream:
+        why = "trainer.stream=true repeats the stream, which then has no position"
+    elif is_resumable(work.dataset):
+        state, why = checkpoint.stream_state(saved, run.checkpoint, run.ranks.rank)
+    if state is not None:
+        work.loader.load_state_dict(state)
+        log.info(
+            "the stream goes on from its position at step %d (epoch %d)", resume.step, resume.epoch
+        )
+        return
+    log.warning(
+        "the stream's position is not restored (%s): epoch %d starts again from its first"
+        " sample, and the samples of it trained before the stop are trained on again",
+        why,
+        resume.epoch,
+    )
 
 
 def _train_guarded(
@@ -236,13 +254,16 @@ def _checkpoints(run: Run, work: Workload) -> Checkpoints:
     batch_size = work.loader.batch_size
 
     def save(position: checkpoint.Position) -> Path:
+        if not run.ranks.is_main:  # rank 0 writes the checkpoint; each rank its stream's place
+            checkpoint.save_stream(run.checkpoint, run.ranks.rank, position)
+            return run.checkpoint
         weights = distributed.unwrap(work.model)
         return checkpoint.save(
             run.checkpoint, weights, work.optimizer, position, run.cfg, batch_size
         )
 
     return Checkpoints(
-        save=save if trainer.save_checkpoint and run.ranks.is_main else None,
+        save=save if trainer.save_checkpoint else None,
         # on every rank: each pauses (and re-warms) while rank 0 saves
         every=trainer.checkpoint_every if trainer.save_checkpoint else None,
         interrupt=threading.Event(),

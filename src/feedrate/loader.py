@@ -26,13 +26,14 @@ from torch.utils.data import (
     get_worker_info,
 )
 from torch.utils.data._utils.collate import default_collate
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from feedrate.checks import check_picklable, start_method
 from feedrate.decode import is_encoded
 from feedrate.distributed import shard
 from feedrate.faults import SEND_FAILED, send_failure_exit
 from feedrate.hardware import Hardware, usable_cores
-from feedrate.stream import Repeated, is_stream
+from feedrate.stream import Repeated, is_resumable, is_stream
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,8 @@ def build_loader(
     init = functools.partial(_init_worker, threads=threads) if workers > 0 else None
     if is_stream(dataset):  # it orders, shuffles and splits itself: no sampler, no shuffle
         kwargs.pop("shuffle", None)
-        return _Loader(
+        kind = _StatefulLoader if is_resumable(dataset) and not stream else _Loader
+        return kind(
             Repeated(dataset) if stream else dataset,
             generator=generator,
             collate_fn=CountingCollate(workers, encoded),
@@ -213,6 +215,21 @@ class _Loader(DataLoader):
             if previous is not None:
                 signal.signal(signal.SIGCHLD, previous)
         return [w.exitcode for w in iterator._workers if w.exitcode is not None]
+
+
+class _StatefulLoader(_Loader, StatefulDataLoader):
+    """``_Loader`` over torchdata's ``StatefulDataLoader``: its ``state_dict`` holds each
+    worker's stream position, which a checkpoint keeps (docs/design.md, "Streams")."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated
+            warnings.filterwarnings("ignore", message=".*set_vital", category=UserWarning)
+            super().__init__(*args, **kwargs)
+
+
+def loader_state(loader: DataLoader) -> dict | None:
+    """Where a resumable stream's loader stands (its workers' positions), or None."""
+    return loader.state_dict() if hasattr(loader, "load_state_dict") else None
 
 
 class ResumableSampler(Sampler[int]):

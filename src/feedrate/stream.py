@@ -8,6 +8,7 @@ tar shards and read with the ``webdataset`` package (docs/design.md, "Streams").
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import itertools
@@ -31,6 +32,16 @@ log = logging.getLogger(__name__)
 
 def is_stream(dataset: Any) -> bool:
     return isinstance(dataset, IterableDataset)
+
+
+def is_resumable(dataset: Any) -> bool:
+    """A stream that can say where it is and go on from there (``state_dict`` and
+    ``load_state_dict``, as torchdata's ``Stateful``): a checkpoint keeps its position."""
+    return (
+        is_stream(dataset)
+        and callable(getattr(dataset, "state_dict", None))
+        and callable(getattr(dataset, "load_state_dict", None))
+    )
 
 
 def length(dataset: Any) -> int | None:
@@ -202,11 +213,22 @@ class ShardStream(IterableDataset):
         self.shard_latency_s = shard_latency_ms / 1e3
         self.sample_latency_s = sample_latency_ms / 1e3
         self.seed = seed
-        self.epoch = 0
         self._transform = None
+        self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        self._pass, self._read, self._skip = epoch, 0, 0
+
+    def state_dict(self) -> dict:
+        """This worker's place: its pass (an epoch) and the samples it has read of it."""
+        return {"epoch": self._pass, "read": self._read}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Go on from ``state``: the next pass is that epoch's, and it reads again (without
+        decoding) the samples read before, in the same seeded order, to skip them."""
+        self.set_epoch(state["epoch"])
+        self._skip = state["read"]
 
     def _rank(self) -> tuple[int, int]:
         from webdataset.utils import pytorch_worker_info
@@ -232,6 +254,7 @@ class ShardStream(IterableDataset):
         info = get_worker_info()
         rank, _ = self._rank()
         rng = random.Random(f"{self.seed}-{self.epoch}-{rank}-{info.id if info else 0}")
+        self._pass, self._read, skip, self._skip = self.epoch, 0, self._skip, 0
         self.epoch += 1  # persistent workers: the next pass reshuffles without being told
         stages = [
             wds.SimpleShardList(urls),
@@ -241,8 +264,16 @@ class ShardStream(IterableDataset):
         ]
         if self.shuffle_buffer > 1:
             stages.append(wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng))
+        stages.append(functools.partial(self._counted, skip=skip))
         stages.append(wds.map(self._decode, handler=handler))
         return iter(wds.DataPipeline(*stages))
+
+    def _counted(self, samples, skip: int):
+        """The samples after the first ``skip``, counted (the position ``state_dict`` says)."""
+        for sample in samples:
+            self._read += 1
+            if self._read > skip:
+                yield sample
 
     def _open_shards(self, urls):
         for url in urls:

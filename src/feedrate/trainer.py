@@ -21,7 +21,7 @@ from feedrate.config import Measure
 from feedrate.errors import ConfigError, DatasetError, Interrupted
 from feedrate.faults import LoaderFailure
 from feedrate.hardware import Hardware
-from feedrate.loader import produced_samples
+from feedrate.loader import loader_state, produced_samples
 from feedrate.meter import Meter, StepTimes
 from feedrate.monitor import ResourceMonitor
 from feedrate.stream import is_stream, nothing_here
@@ -187,8 +187,15 @@ class _Where:
     batches: int = 0  # of this epoch, from the loader
     generator: Any = None  # the shuffle's state at the epoch's start
 
-    def position(self, scaler: torch.amp.GradScaler) -> Position:
-        return Position(self.step, self.epoch, self.samples, self.generator, scaler.state_dict())
+    def position(self, scaler: torch.amp.GradScaler, loader: DataLoader) -> Position:
+        return Position(
+            self.step,
+            self.epoch,
+            self.samples,
+            self.generator,
+            scaler.state_dict(),
+            loader_state(loader),
+        )
 
 
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
@@ -316,7 +323,7 @@ def train(
         while stopped_at is None:
             meter.epoch_started()
             batches = _epoch_batches(loader, where, resume, hw, meter, decode)
-            resume = None  # only the first epoch resumes part-way
+            resumed, resume = resume is not None, None  # only the first epoch resumes part-way
             if measure is Measure.compute:
                 batches = _resident(batches, meter)
             for x, y in batches:
@@ -330,16 +337,16 @@ def train(
                 if monitor.tripped:  # the memory guard: stop before the OOM killer does
                     raise LoaderFailure(monitor.tripped)
                 if done or (step_limit is not None and where.step >= step_limit):
-                    stopped_at = where.position(scaler)
+                    stopped_at = where.position(scaler, loader)
                     break
                 if checkpoints is not None:
-                    position = lambda: where.position(scaler)  # noqa: E731
+                    position = lambda: where.position(scaler, loader)  # noqa: E731
                     _save_if_due(checkpoints, where.step, total, position, meter, bar)
-            if stopped_at is None and where.batches == 0 and where.samples == 0:
+            if stopped_at is None and where.batches == 0 and where.samples == 0 and not resumed:
                 raise _empty_epoch(loader, streaming)
             where.epoch += 1
             if stopped_at is None and cfg.epochs is not None and where.epoch >= cfg.epochs:
-                stopped_at = where.position(scaler)  # a stream ran out in the last epoch
+                stopped_at = where.position(scaler, loader)  # a stream ran out in the last epoch
     bar.close()
     return TrainResult(
         **meter.finish(), steps=where.step, epochs_started=where.epoch, position=stopped_at
