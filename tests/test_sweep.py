@@ -539,6 +539,48 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
     assert _our_processes(project) == [], "a trial process outlived the sweep"
 
 
+# A user's stream of 3 shards, split by rank and by worker, each sample 4 ms of "storage"
+SHARDED = """
+import os
+import time
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+
+class Sharded(IterableDataset):
+    classes = ["a", "b"]
+    num_shards = 3
+
+    def __iter__(self):
+        shards = range(self.num_shards)[int(os.environ.get("RANK", 0)) :: int(os.environ.get("WORLD_SIZE", 1))]
+        info = get_worker_info()
+        if info is not None:
+            shards = shards[info.id :: info.num_workers]
+        for shard in shards:
+            for k in range(200):
+                time.sleep(0.004)
+                yield torch.full((3, 16, 16), k % 251, dtype=torch.uint8), k % 2
+"""
+
+
+@pytest.mark.slow
+def test_a_sweep_over_a_users_stream_searches_workers_up_to_its_shards(project):
+    (project / "sharded_stream.py").write_text(SHARDED)
+    proc = _sweep(
+        project,
+        "dataset=custom",
+        "dataset._target_=sharded_stream.Sharded",
+        name="sharded",
+        n_trials=3,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "num_workers searched up to 3, the stream's shard count" in proc.stdout
+    rows = _rows(project / "multirun" / "0")
+    assert all(int(r["num_workers"]) <= 3 for r in rows if r["phase"] == "search")
+    assert all(float(r["samples_per_sec"]) > 0 for r in rows if r["status"] == "ok")
+    assert OmegaConf.load(project / "conf" / "loader" / "sharded.yaml").num_workers <= 3
+
+
 @pytest.mark.slow
 def test_a_sweep_that_reaches_the_ceiling_stops_and_says_where_the_gap_is(project):
     proc = _sweep(
