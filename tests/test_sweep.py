@@ -552,7 +552,8 @@ class Sharded(IterableDataset):
     num_shards = 3
 
     def __iter__(self):
-        shards = range(self.num_shards)[int(os.environ.get("RANK", 0)) :: int(os.environ.get("WORLD_SIZE", 1))]
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        shards = range(self.num_shards)[rank::world]
         info = get_worker_info()
         if info is not None:
             shards = shards[info.id :: info.num_workers]

@@ -54,6 +54,43 @@ class Optimizer(Enum):
 
 
 @dataclass
+class MeasuredMachine:
+    """The machine a preset was tuned on (feedrate.hardware.Fingerprint's figures)."""
+
+    usable_cores: float = MISSING
+    ram_gb: float = MISSING
+    shm_gb: float | None = None
+    gpu_name: str | None = None
+    gpu_count: int = 0
+    cpu_model: str = ""
+
+
+@dataclass
+class MeasuredWorkload:
+    """What a preset was tuned to feed: the dataset and model built (target and settings),
+    the batch size and the precision."""
+
+    dataset: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = MISSING
+    precision: str = MISSING
+
+
+@dataclass
+class MeasuredOn:
+    """A preset's provenance, which feedrate reads: where and on what it was measured, and
+    what it measured (docs/design.md, "Presets that travel")."""
+
+    machine: MeasuredMachine = field(default_factory=MeasuredMachine)
+    workload: MeasuredWorkload = field(default_factory=MeasuredWorkload)
+    samples_per_sec: float | None = None
+    data_wait_frac: float | None = None
+    peak_pss_mb: float | None = None  # the whole tree: main process and workers
+    date: str = ""
+    study: str = ""
+
+
+@dataclass
 class LoaderConfig:
     """``torch.utils.data.DataLoader`` arguments, under the DataLoader's own names, and the
     thread counts of its workers and of the training process.
@@ -81,6 +118,10 @@ class LoaderConfig:
     # Where JPEGs are decoded: cpu (the workers) or device (the training process, per batch,
     # on the GPU when there is one); photos, image_folder and webdataset only
     decode: Decode = Decode.cpu
+    # loader=auto: the run picks the preset measured on this machine and workload
+    auto: bool = False
+    # Written by the sweep with the preset: where it was tuned. A run elsewhere says so.
+    measured_on: MeasuredOn | None = None
 
 
 @dataclass

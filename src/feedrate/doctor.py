@@ -20,9 +20,9 @@ from pathlib import Path
 
 import psutil
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from feedrate import hardware
+from feedrate import hardware, provenance
 from feedrate.checks import start_method, unpicklable, validate
 from feedrate.dataset import build_dataset
 from feedrate.errors import FeedrateError
@@ -64,6 +64,7 @@ class Report:
 class Machine:
     """The limits a loader runs into here."""
 
+    fingerprint: hardware.Fingerprint
     available: float  # bytes of memory available
     shm: tuple[float, float] | None  # /dev/shm (size, used) in bytes
     open_files: int  # the soft limit
@@ -126,6 +127,7 @@ def diagnose_machine(overrides: list[str], presets: list[Path], measure: bool = 
     except FeedrateError as exc:
         report.line("unsafe", "config", str(exc))
     machine = _check_machine(report, cfg)
+    _check_travel(report, cfg, machine.fingerprint, overrides)
     probe = _check_dataset(report, cfg, machine, measure)
     if probe is not None:
         _check_loader(report, cfg.loader, machine, probe)
@@ -165,7 +167,7 @@ def _check_machine(report: Report, cfg: DictConfig) -> Machine:
             "initialised in the main process before workers fork: a dataset that touches"
             " CUDA needs loader.multiprocessing_context=spawn",
         )
-    return Machine(available, shm, soft, strategy)
+    return Machine(fp, available, shm, soft, strategy)
 
 
 def _check_dataset(
@@ -275,6 +277,33 @@ def _check_loader(report: Report, loader: DictConfig, machine: Machine, probe: P
 
 def _status(need: float, have: float) -> str:
     return "unsafe" if need > have else "warn" if need > BUDGET * have else "ok"
+
+
+def _check_travel(
+    report: Report, cfg: DictConfig, fp: hardware.Fingerprint, overrides: list[str]
+) -> None:
+    """Which preset loader=auto picks here, or how this machine and workload differ from
+    where the chosen preset was measured."""
+    report.section("Loader preset")
+    name = next((o.split("=", 1)[1] for o in overrides if o.startswith("loader=")), "default")
+    try:
+        hw = hardware.resolve(cfg.hardware, fp)
+    except FeedrateError as exc:
+        report.line("unsafe", "hardware", str(exc))
+        return
+    here = provenance.Here.of(cfg, fp, hw)
+    if cfg.loader.auto:
+        picked, why = provenance.pick(default_config_dir() / "loader", here, hw.is_cuda)
+        report.line("info", "loader=auto", f"picks loader={picked} here: {why}")
+    elif cfg.loader.measured_on is None:
+        report.line(
+            "info", f"loader={name}", "written by hand (no measured_on): nothing to compare"
+        )
+    else:
+        measured_on = OmegaConf.to_container(cfg.loader.measured_on, resolve=True)
+        warning = provenance.travel_warning(name, measured_on, here)
+        text = warning or "measured on this machine and workload"
+        report.line("warn" if warning else "ok", f"loader={name}", text)
 
 
 def _check_presets(report: Report, presets: list[Path]) -> None:

@@ -28,7 +28,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from feedrate import checkpoint, distributed, environment, hardware
+from feedrate import checkpoint, distributed, environment, hardware, provenance
 from feedrate.checks import validate
 from feedrate.errors import ConfigError, FeedrateError, Interrupted
 from feedrate.faults import LoaderFailure, diagnose
@@ -72,6 +72,15 @@ def compose(
         return hydra_compose(config_name=config_name, overrides=list(overrides or []))
 
 
+def _config_dir() -> Path:
+    """The run's conf/: Hydra's primary config source, else :func:`default_config_dir`."""
+    if HydraConfig.initialized():
+        for source in HydraConfig.get().runtime.config_sources:
+            if source.provider == "main" and source.schema == "file":
+                return Path(source.path)
+    return default_config_dir()
+
+
 def _output_dir(output_dir: str | os.PathLike | None) -> Path:
     if output_dir is not None:
         path = Path(output_dir)
@@ -104,7 +113,6 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     Under ``torchrun`` every rank runs this; rank 0 writes the outputs (see
     :mod:`feedrate.distributed`).
     """
-    validate(cfg)
     with _opened(cfg, output_dir) as this:
         saved = _checkpoint_to_continue(this)
         work = build(cfg, this.hw, this.ranks)
@@ -123,7 +131,13 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
     fingerprint = hardware.detect(cfg.dataset.get("root") or cfg.dataset.get("path"))
     if ranks.is_main:
         log.info("hardware fingerprint: %s", fingerprint.short())
-    hw = distributed.setup(ranks, hardware.resolve(cfg.hardware, fingerprint), cfg.trainer)
+    resolved = hardware.resolve(cfg.hardware, fingerprint)
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    here = provenance.Here.of(cfg, fingerprint, resolved)
+    # loader=auto becomes the preset it picks before anything reads the loader
+    provenance.settle(cfg, _config_dir() / "loader", here, resolved.is_cuda, choices.get("loader"))
+    validate(cfg)
+    hw = distributed.setup(ranks, resolved, cfg.trainer)
     try:
         # Every rank writes (if anything) where rank 0 does: ranks may start a second apart.
         out = Path(distributed.broadcast(str(_output_dir(output_dir)), ranks))

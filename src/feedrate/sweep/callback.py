@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from feedrate import environment, hardware, stats
+from feedrate import environment, hardware, provenance, stats
 from feedrate.errors import ConfigError, FeedrateError
 from feedrate.files import atomic_write_text
 from feedrate.sweep.ceiling import measure_ceilings, measure_gap
@@ -296,7 +296,15 @@ class LoaderSweep(Callback):
         streamed = config.trainer.stream and tuned.get("num_workers", 0) > 0
         if streamed:  # measured without epoch ends; persistence only saves restarts
             tuned["persistent_workers"] = True
-        text = render(tuned, _preset_header(config, decision, study, name, streamed))
+        winner = decision.winner
+        measured = provenance.measured_on(
+            config,
+            Path(winner.ok_result().job_dir),
+            [r.metrics for r in winner.results if r.ok],
+            winner.median,
+        )
+        header = _preset_header(config, decision, study, name, streamed, measured)
+        text = render(tuned, header, measured)
         script = Path(sys.argv[0]).resolve()
 
         def verify() -> None:
@@ -314,7 +322,12 @@ class LoaderSweep(Callback):
 
 
 def _preset_header(
-    config: DictConfig, decision: Decision, study: optuna.Study, name: str, streamed: bool
+    config: DictConfig,
+    decision: Decision,
+    study: optuna.Study,
+    name: str,
+    streamed: bool,
+    measured: dict,
 ) -> list[str]:
     """The preset's header: how it was measured, against what, on which machine, and the
     commands that measure it again."""
@@ -349,6 +362,7 @@ def _preset_header(
         f" model={config.hydra.runtime.choices.get('model')}"
         f" batch_size={config.loader.batch_size}.",
         f"Hardware: {hardware.Fingerprint(**measured_on['fingerprint']).short()}.",
+        _memory_line(measured),
         f"Software: {environment.short(measured_on)}.",
         # a final run's own command line, the final window included
         "Re-measure the winner as the sweep did: python train.py "
@@ -356,7 +370,8 @@ def _preset_header(
         "Re-run the sweep afresh (a new study): python train.py -m "
         + " ".join([*afresh, *hydra_args(config), f"sweep.study_dir={fresh}"]),
         "Plain data: the DataLoader's own arguments (and thread counts) on top of"
-        " loader/default.yaml.",
+        " loader/default.yaml; measured_on is where it was measured, which a run elsewhere"
+        " and loader=auto read.",
         *(
             [
                 "persistent_workers: true, measured streaming (no epoch ends): keeping"
@@ -367,3 +382,13 @@ def _preset_header(
         ),
     ]
     return lines
+
+
+def _memory_line(measured: dict) -> str:
+    peak = measured.get("peak_pss_mb")
+    if not peak:
+        return "Memory: not measured."
+    return (
+        f"Memory: needs {peak:,.0f} MB at peak (PSS of the training process and its workers,"
+        " the most any of its runs used)."
+    )

@@ -114,14 +114,16 @@ def check_writable(path: Path, overwrite: bool) -> None:
         )
 
 
-def render(values: dict, header_lines: list[str]) -> str:
-    """The preset's text: usage line, marker, header, ``defaults: [default]``, the keys."""
+def render(values: dict, header_lines: list[str], measured_on: dict | None = None) -> str:
+    """The preset's text: usage line, marker, header, ``defaults: [default]``, the keys, and
+    where it was measured (``measured_on``, which feedrate reads: feedrate.provenance)."""
     unknown = set(values) - set(PRESET_KEYS)
     if unknown:
         raise ValueError(f"not loader preset keys: {sorted(unknown)}")
-    body = yaml.safe_dump(
-        {"defaults": ["default", "_self_"], **values}, sort_keys=False, default_flow_style=False
-    )
+    data = {"defaults": ["default", "_self_"], **values}
+    if measured_on is not None:
+        data["measured_on"] = measured_on
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
     usage, *rest = header_lines or [""]
     header = "\n".join(f"# {line}".rstrip() for line in rest)
     return f"# {usage}\n{MARKER}\n{header}\n{body}"

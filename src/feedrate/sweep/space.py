@@ -232,6 +232,11 @@ def check_sweep(config: DictConfig) -> None:
             " cluster, run the whole sweep inside one allocation per machine type:"
             " srun --exclusive python train.py -m sweep=loader"
         )
+    if config.loader.auto:
+        problems.append(
+            "loader=auto picks a preset when a run starts, and the sweep searches the loader"
+            " itself: start the sweep from loader=default or a named preset"
+        )
     searched = [*SEARCHED, *(["loader.batch_size"] if s.tune_batch_size else [])]
     searched += THREADS if search_threads(config) else ()
     searched += ["loader.decode"] if search_decode(config) else []

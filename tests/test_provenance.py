@@ -1,0 +1,141 @@
+"""Presets that travel: a preset says where it was measured, a run elsewhere says how this
+machine and workload differ, and loader=auto picks the preset that fits here."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from feedrate import hardware, provenance
+from feedrate.sweep.preset import MARKER, plain_data_problems, render
+
+from .conftest import ROOT, run_cli, shrink
+
+H200 = {"usable_cores": 16.0, "gpu_name": "NVIDIA H200", "gpu_count": 1, "ram_gb": 128.0}
+BIG_CPU = {"usable_cores": 64.0, "gpu_name": None, "gpu_count": 0, "ram_gb": 512.0}
+
+
+@pytest.fixture
+def here(compose) -> provenance.Here:
+    """This machine and the suite's tiny workload, as a preset's provenance records them."""
+    cfg = compose()
+    fp = hardware.detect()
+    return provenance.Here.of(cfg, fp, hardware.resolve(cfg.hardware, fp))
+
+
+def _measured_on(here: provenance.Here, **machine) -> dict:
+    """Provenance of a preset measured on this workload, on this machine changed by ``machine``."""
+    return {
+        "machine": {**copy.deepcopy(here.machine), **machine},
+        "workload": copy.deepcopy(here.workload),
+        "samples_per_sec": 1000.0,
+        "data_wait_frac": 0.1,
+        "peak_pss_mb": 900.0,
+        "date": "2026-12-01T00:00:00",
+        "study": "loader-test",
+    }
+
+
+def _write(directory: Path, name: str, values: dict, measured_on: dict | None) -> Path:
+    path = directory / f"{name}.yaml"
+    path.write_text(render(values, [f"python train.py loader={name}"], measured_on))
+    assert plain_data_problems(path) == [], "provenance is plain loader data"
+    return path
+
+
+def test_the_warning_names_what_differs(here):
+    moved = _measured_on(here, **H200)
+    moved["workload"]["model"] = {"target": "torchvision.models.resnet18"}
+    warning = provenance.travel_warning("tuned_2core", moved, here)
+    cores = f"{here.machine['usable_cores']:g} cores, no GPU"
+    assert f"tuned on 16 cores, 1x NVIDIA H200, 128 GB RAM; this machine: {cores}" in warning
+    assert "model.target resnet18 -> TinyCNN" in warning
+    assert "python train.py -m sweep=loader sweep.preset_name=tuned_2core_here" in warning
+    assert provenance.travel_warning("tuned_2core", _measured_on(here), here) is None
+
+
+def test_auto_picks_the_preset_of_this_machine_then_the_closest_that_fits(tmp_path, here):
+    (tmp_path / "default.yaml").write_text("num_workers: 0\n")
+    _write(tmp_path, "h200", {"num_workers": 14, "decode": "device"}, _measured_on(here, **H200))
+    _write(tmp_path, "big_cpu", {"num_workers": 48}, _measured_on(here, **BIG_CPU))
+    _write(tmp_path, "mine", {"num_workers": 3}, _measured_on(here))
+    name, why = provenance.pick(tmp_path, here, has_cuda=False)
+    assert name == "mine" and why.startswith("measured on this machine and workload")
+    # Another workload here: the presets of this workload on other machines are nearer
+    (tmp_path / "mine.yaml").unlink()
+    name, why = provenance.pick(tmp_path, here, has_cuda=False)
+    assert name == "big_cpu", "the H200 one decodes on a GPU, which this machine lacks"
+    assert "closest preset that fits: tuned on 64 cores, no GPU" in why
+    # A preset that needed more memory than this machine has does not fit either
+    huge = _measured_on(here, **BIG_CPU) | {"peak_pss_mb": 10**9}
+    _write(tmp_path, "big_cpu", {"num_workers": 48}, huge)
+    name, why = provenance.pick(tmp_path, here, has_cuda=False)
+    assert name == "recipe"
+    assert "h200: it decodes on the GPU" in why and "big_cpu: it needed 1,000,000,000 MB" in why
+    name, _ = provenance.pick(tmp_path, here, has_cuda=True)
+    assert name == "h200"
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    """train.py and a copy of conf/, where the test writes presets."""
+    shutil.copy(ROOT / "train.py", tmp_path / "train.py")
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    return tmp_path
+
+
+def test_a_preset_moved_to_another_machine_warns_and_auto_picks_this_ones(project, here):
+    loader = project / "conf" / "loader"
+    _write(loader, "moved", {"num_workers": 1}, _measured_on(here, **H200))
+    _write(loader, "mine", {"num_workers": 2, "prefetch_factor": 3}, _measured_on(here))
+    moved = run_cli(*shrink(["loader=moved", f"hydra.run.dir={project}/moved"]), cwd=project)
+    assert moved.returncode == 0, moved.stderr[-3000:]
+    assert moved.stdout.count("loader=moved was measured elsewhere: tuned on 16 cores") == 1
+    mine = run_cli(*shrink(["loader=mine", f"hydra.run.dir={project}/mine"]), cwd=project)
+    assert mine.returncode == 0 and "measured elsewhere" not in mine.stdout
+    auto = run_cli(
+        *shrink(["loader=auto", "loader.timeout=30", f"hydra.run.dir={project}/auto"]),
+        cwd=project,
+    )
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    assert "loader=auto picked loader=mine: measured on this machine and workload" in auto.stdout
+    ran = json.loads((project / "auto" / "metrics.json").read_text())["run"]["loader"]
+    assert ran["num_workers"] == 2 and ran["prefetch_factor"] == 3
+    assert ran["timeout"] == 30, "the command line's loader keys apply on top of the pick"
+
+
+def test_a_sweep_written_preset_records_where_it_was_measured(tmp_path, here):
+    """The provenance a sweep writes from its winner's run files, read back as a preset."""
+    job = tmp_path / "job"
+    (job / ".hydra").mkdir(parents=True)
+    fp = hardware.detect()
+    (job / "environment.json").write_text(json.dumps({"fingerprint": fp.as_dict()}))
+    (job / "metrics.json").write_text(
+        json.dumps({"run": {"amp_dtype": "None", "date": "2026-12-01T10:00:00"}})
+    )
+    (job / ".hydra" / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "dataset": {"_target_": here.workload["dataset"]["target"], "root": "/x"},
+                "model": {"_target_": "feedrate.model.TinyCNN", "width": 16},
+                "loader": {"batch_size": 16},
+            }
+        )
+    )
+    config = {"hydra": {"sweeper": {"study_name": "loader-x"}}}
+    from omegaconf import OmegaConf
+
+    results = [{"data_wait_frac": 0.2, "peak_pss_mb": 800.0}, {"data_wait_frac": 0.4}]
+    measured = provenance.measured_on(OmegaConf.create(config), job, results, 1234.56)
+    assert measured["machine"] == provenance.machine_facts(fp)
+    assert measured["workload"]["dataset"] == {"target": here.workload["dataset"]["target"]}
+    assert measured["workload"]["precision"] == "fp32"
+    assert (measured["samples_per_sec"], measured["peak_pss_mb"]) == (1234.6, 800)
+    assert measured["data_wait_frac"] == pytest.approx(0.3)
+    path = _write(tmp_path, "swept", {"num_workers": 2}, measured)
+    assert path.read_text().splitlines()[1] == MARKER
