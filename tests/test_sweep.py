@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+import yaml
 from omegaconf import OmegaConf
 
 import feedrate
@@ -29,8 +30,9 @@ from feedrate import stats
 from feedrate.errors import ConfigError
 from feedrate.sweep import ceiling
 from feedrate.sweep.decide import Contestant, decide, drop_clearly_slower, merge_identical
-from feedrate.sweep.feasibility import FeasibilityGuard, Footprint, predict
+from feedrate.sweep.feasibility import Budget, FeasibilityGuard, Footprint, memory_budget, predict
 from feedrate.sweep.preset import MARKER, check_writable, preset_path, render
+from feedrate.sweep.report import pareto_front
 from feedrate.sweep.space import (
     loader_search_space,
     max_threads,
@@ -310,6 +312,46 @@ def test_guard_counts_shared_memory_as_ram():
     assert "3,200 MB of batches in /dev/shm, which is RAM" in reason
 
 
+def test_a_memory_budget_comes_from_the_sweep_or_the_allocation(monkeypatch):
+    monkeypatch.delenv("SLURM_MEM_PER_NODE", raising=False)
+    monkeypatch.setenv("SLURM_MEM_PER_CPU", "2048")
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "4")
+    from_slurm = memory_budget(OmegaConf.create({"sweep": {"memory_budget_gb": None}}))
+    assert from_slurm.mb == 8192 and "SLURM_MEM_PER_CPU x SLURM_CPUS_ON_NODE" in from_slurm.source
+    asked = memory_budget(OmegaConf.create({"sweep": {"memory_budget_gb": 1.5}}))
+    assert str(asked) == "1,536 MB (sweep.memory_budget_gb=1.5)", "asked beats the allocation"
+    assert asked.over({"peak_pss_mb": 1500.0}) is None
+    assert "used 1,600 MB at peak" in asked.over({"peak_pss_mb": 1600.0})
+
+
+def test_guard_skips_what_is_predicted_over_the_memory_budget():
+    guard = FeasibilityGuard(budget=Budget(1000.0, "sweep.memory_budget_gb=0.98"))
+    guard.footprint, guard.learned = Footprint(600.0, 100.0, 1024), True
+    fits = OmegaConf.create({"loader": {"num_workers": 3, "prefetch_factor": 2, "batch_size": 8}})
+    assert guard.check(fits) is None
+    over = OmegaConf.create({"loader": {"num_workers": 5, "prefetch_factor": 2, "batch_size": 8}})
+    assert "predicted memory 1,100 MB" in guard.check(over)
+    assert "exceeds the memory budget 1,000 MB (sweep.memory_budget_gb=0.98)" in guard.check(over)
+
+
+def test_the_fastest_over_the_memory_budget_cannot_win():
+    fast = _contestant("trial 1", [300, 310, 305, 299, 302], False, workers=8)
+    for r in fast.results:
+        r.metrics = {**r.metrics, "peak_pss_mb": 2000.0}
+    slow = _contestant("trial 2", [200, 210, 205, 199, 202], False, workers=2)
+    base = _contestant("default", [100, 101, 99, 100, 102], True, workers=0)
+    unbounded = decide([base, fast, slow])
+    assert unbounded.winner is fast
+    bounded = decide([base, fast, slow], Budget(1000.0, "sweep.memory_budget_gb=0.98"))
+    assert bounded.winner is slow and bounded.fastest is slow
+    assert "over the memory budget: trial 1 (used 2,000 MB at peak" in bounded.reason
+
+
+def test_the_pareto_front_keeps_what_nothing_beats_on_both():
+    points = [(500, 100), (600, 90), (700, 150), (800, 150), (900, 200), (650, 120)]
+    assert pareto_front(points) == [(500, 100), (650, 120), (700, 150), (900, 200)]
+
+
 # ---------------------------------------------------------------------------------------------
 # A trial in its own process
 
@@ -537,6 +579,33 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
     assert "trial #" in proc.stdout and "best so far" in proc.stdout  # a line per trial
     assert list((project / "outputs" / "sweeps").glob("loader-tiny-*.db"))
     assert _our_processes(project) == [], "a trial process outlived the sweep"
+
+
+@pytest.mark.slow
+def test_a_sweep_within_a_memory_budget_returns_a_preset_under_it(project):
+    """Spawned workers each import torch again (about 300 MB here, beside 600-720 MB for the
+    training process): a 1.4 GB budget admits two, and no more."""
+    proc = _sweep(
+        project,
+        *SLEEPY_SYNTHETIC,
+        "sweep.start_methods=[spawn]",
+        "sweep.memory_budget_gb=1.4",
+        "hydra.launcher.timeout_s=120",
+        name="budget",
+        n_trials=3,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sweep_dir = project / "multirun" / "0"
+    rows = _rows(sweep_dir)
+    over = [r for r in rows if r["status"] == "over budget" or "memory budget" in r["reason"]]
+    assert over, "the trials with more spawned workers go over the budget"
+    assert all(float(r["peak_pss_mb"]) > 1.4 * 1024 for r in over if r["peak_pss_mb"])
+    text = (project / "conf" / "loader" / "budget.yaml").read_text()
+    assert "the sweep's budget was 1,434 MB (sweep.memory_budget_gb=1.4)" in text
+    preset = yaml.safe_load(text)
+    assert preset["measured_on"]["peak_pss_mb"] <= 1.4 * 1024
+    assert (sweep_dir / "memory_vs_throughput.png").stat().st_size > 0
+    assert "Memory budget: 1,434 MB" in (sweep_dir / "sweep_report.md").read_text()
 
 
 # A user's stream of 3 shards, split by rank and by worker, each sample 4 ms of "storage"

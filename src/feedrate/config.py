@@ -295,6 +295,9 @@ class SweepConfig:
     # on the CPU the workers use (not on a GPU, where one thread a worker is the norm).
     search_threads: bool | None = None
     write_preset: bool = True
+    # Peak memory (PSS of the training process and its workers) a trial may use, in GB;
+    # null: the SLURM allocation or cgroup limit when one is set. Over it: infeasible.
+    memory_budget_gb: float | None = None
 
 
 @dataclass

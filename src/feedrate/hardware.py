@@ -101,6 +101,29 @@ def available_memory() -> int:
     return available
 
 
+def memory_allocation() -> tuple[float, str] | None:
+    """(GB, where it comes from) of memory this job was allocated: SLURM's ``--mem`` or
+    ``--mem-per-cpu``, else a cgroup v2 limit; None when nothing caps it below the machine."""
+    per_node = os.environ.get("SLURM_MEM_PER_NODE")
+    per_cpu = os.environ.get("SLURM_MEM_PER_CPU")
+    cpus = os.environ.get("SLURM_CPUS_ON_NODE") or os.environ.get("SLURM_CPUS_PER_TASK")
+    try:
+        if per_node:
+            return int(per_node) / 1024, "the SLURM allocation (SLURM_MEM_PER_NODE)"
+        if per_cpu and cpus:
+            gb = int(per_cpu) * int(cpus) / 1024
+            return gb, "the SLURM allocation (SLURM_MEM_PER_CPU x SLURM_CPUS_ON_NODE)"
+    except ValueError:
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return None
+    if limit == "max" or int(limit) >= psutil.virtual_memory().total:
+        return None
+    return int(limit) / 2**30, "the cgroup memory limit (/sys/fs/cgroup/memory.max)"
+
+
 def is_rotational(path: str | os.PathLike | None) -> bool | None:
     """Whether the block device holding ``path`` is a spinning disk (None when unknown)."""
     if path is None:

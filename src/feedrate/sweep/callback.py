@@ -34,6 +34,7 @@ from feedrate.sweep.decide import (
     merge_identical,
     write_decision,
 )
+from feedrate.sweep.feasibility import Budget, memory_budget
 from feedrate.sweep.preset import (
     check_plain_data,
     check_writable,
@@ -202,7 +203,8 @@ class LoaderSweep(Callback):
         contestants = self._contestants(config, study, search)
         contestants = self._remeasure(config, contestants, sweep_dir / "final")
         phases.done("final")
-        decision = decide(contestants)
+        budget = memory_budget(config)
+        decision = decide(contestants, budget)
         log.info("decision: %s", decision.reason)
         write_decision(sweep_dir, decision)  # kept if the gap's run is interrupted
         gap = measure_gap(config, decision.winner, sweep_dir)
@@ -362,7 +364,7 @@ def _preset_header(
         f" model={config.hydra.runtime.choices.get('model')}"
         f" batch_size={config.loader.batch_size}.",
         f"Hardware: {hardware.Fingerprint(**measured_on['fingerprint']).short()}.",
-        _memory_line(measured),
+        _memory_line(measured, memory_budget(config)),
         f"Software: {environment.short(measured_on)}.",
         # a final run's own command line, the final window included
         "Re-measure the winner as the sweep did: python train.py "
@@ -384,11 +386,12 @@ def _preset_header(
     return lines
 
 
-def _memory_line(measured: dict) -> str:
+def _memory_line(measured: dict, budget: Budget | None) -> str:
     peak = measured.get("peak_pss_mb")
+    within = f"; the sweep's budget was {budget}" if budget is not None else ""
     if not peak:
-        return "Memory: not measured."
+        return f"Memory: not measured{within}."
     return (
         f"Memory: needs {peak:,.0f} MB at peak (PSS of the training process and its workers,"
-        " the most any of its runs used)."
+        f" the most any of its runs used){within}."
     )

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from feedrate import stats
 from feedrate.errors import FeedrateError
 from feedrate.files import atomic_write_text
+from feedrate.sweep.feasibility import Budget
 from feedrate.sweep.trial import TrialResult
 
 BASELINES = ("default", "recipe")
@@ -86,6 +87,17 @@ class Contestant:
             return {}
         composed = OmegaConf.load(Path(r.job_dir) / ".hydra" / "config.yaml")
         return OmegaConf.to_container(composed.loader, resolve=True)
+
+    @property
+    def peak_mb(self) -> float | None:
+        """The most memory any of its runs used (PSS of the tree), or None."""
+        peaks = [r.metrics.get("peak_pss_mb") or 0.0 for r in self.results if r.metrics]
+        return max(peaks) if any(peaks) else None
+
+    def over_budget(self, budget: Budget | None) -> str:
+        if budget is None:
+            return ""
+        return next((why for r in self.results if (why := budget.over(r.metrics))), "")
 
     def cost(self) -> tuple[float, float]:
         """Cheaper first: fewer workers, then less memory (PSS of the processes, and the
@@ -181,20 +193,27 @@ def described(versus: stats.Comparison | None) -> str:
     return versus.describe() if versus is not None else "(no comparison)"
 
 
-def decide(contestants: list[Contestant]) -> Decision:
+def decide(contestants: list[Contestant], budget: Budget | None = None) -> Decision:
     """Among the contestants not shown slower than the fastest, the cheapest wins.
 
     Every finalist and every baseline is weighed against the fastest: shown slower when
     significantly so (:mod:`feedrate.stats`: 5 rounds, the interval and a rank test) or
     clearly so (a factor of two, at any number of rounds). A contestant with any failed final
-    run is out, baselines included. Cheapest: fewest workers, then least memory.
+    run is out, baselines included, and so is one that used more memory than ``budget`` in
+    any of them. Cheapest: fewest workers, then least memory.
     """
-    eligible = [c for c in contestants if c.median is not None and not c.failures]
+    over = {c.name: c.over_budget(budget) for c in contestants}
+    eligible = [
+        c for c in contestants if c.median is not None and not c.failures and not over[c.name]
+    ]
     if not eligible:
-        reasons = "; ".join(f"{c.label}: {', '.join(c.failures) or 'no run'}" for c in contestants)
+        reasons = "; ".join(
+            f"{c.label}: {over[c.name] or ', '.join(c.failures) or 'no run'}" for c in contestants
+        )
         raise FeedrateError(
-            "no configuration ran every final run without failing, so there is nothing to"
-            f" decide and no preset was written ({reasons})"
+            "no configuration ran every final run without failing"
+            + (" within the memory budget" if budget else "")
+            + f", so there is nothing to decide and no preset was written ({reasons})"
         )
     fastest = max(eligible, key=lambda c: c.median)
     versus = {c.name: stats.compare(c.values, fastest.values) for c in eligible}
@@ -223,8 +242,13 @@ def decide(contestants: list[Contestant]) -> Decision:
         )
     if slower:
         reason += "; slower: " + ", ".join(f"{c.label} ({why_slower[c.name]})" for c in slower)
-    if out:
-        reason += "; out for a failed final run: " + ", ".join(c.label for c in out)
+    failed = [c for c in out if c.failures]
+    if failed:
+        reason += "; out for a failed final run: " + ", ".join(c.label for c in failed)
+    if any(over.values()):
+        reason += "; over the memory budget: " + ", ".join(
+            f"{c.label} ({over[c.name]})" for c in contestants if over[c.name]
+        )
     return Decision(winner, fastest, best_baseline, reason, contestants, versus, why_slower)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from feedrate.hardware import available_memory, shm_bytes
+from feedrate.hardware import available_memory, memory_allocation, shm_bytes
 
 log = logging.getLogger(__name__)
 MB = 2**20
@@ -38,9 +38,38 @@ def predict(loader: DictConfig, fp: Footprint) -> tuple[float, float]:
     return memory, workers * prefetch * batch_mb
 
 
+@dataclass(frozen=True)
+class Budget:
+    """The peak memory a configuration may use: ``sweep.memory_budget_gb``, or the job's
+    allocation (SLURM, cgroup)."""
+
+    mb: float
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.mb:,.0f} MB ({self.source})"
+
+    def over(self, metrics: dict) -> str | None:
+        """Why a run that used ``metrics['peak_pss_mb']`` is over the budget, or None."""
+        peak = (metrics or {}).get("peak_pss_mb")
+        if peak and peak > self.mb:
+            return f"used {peak:,.0f} MB at peak (PSS of the tree), over the memory budget {self}"
+        return None
+
+
+def memory_budget(config: DictConfig) -> Budget | None:
+    """``sweep.memory_budget_gb``, else the SLURM allocation or cgroup limit, else None."""
+    asked = (config.get("sweep") or {}).get("memory_budget_gb")
+    if asked is not None:
+        return Budget(asked * 1024, f"sweep.memory_budget_gb={asked:g}")
+    allocated = memory_allocation()
+    return Budget(allocated[0] * 1024, allocated[1]) if allocated else None
+
+
 class FeasibilityGuard:
-    def __init__(self, budget_frac: float = 0.8) -> None:
+    def __init__(self, budget_frac: float = 0.8, budget: Budget | None = None) -> None:
         self.budget_frac = budget_frac
+        self.budget = budget
         self.footprint = Footprint()
         self.learned = False
         self.ram_budget_mb = available_memory() / MB * budget_frac  # within a cgroup limit
@@ -73,6 +102,12 @@ class FeasibilityGuard:
         if not self.learned:
             return None
         memory, shm = predict(cfg.loader, self.footprint)
+        if self.budget is not None and memory > self.budget.mb:
+            return (
+                f"predicted memory {memory:,.0f} MB (main {self.footprint.main_mb:,.0f} MB"
+                f" + {cfg.loader.num_workers} workers x {self.footprint.per_worker_mb:,.0f} MB)"
+                f" exceeds the memory budget {self.budget}"
+            )
         # /dev/shm is tmpfs: the batches in flight live in RAM beside the processes
         if memory + shm > self.ram_budget_mb:
             return (

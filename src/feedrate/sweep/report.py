@@ -16,8 +16,9 @@ import optuna  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from feedrate.files import atomic_write_text  # noqa: E402
+from feedrate.sweep.feasibility import memory_budget  # noqa: E402
 from feedrate.sweep.study import REASON_KEY  # noqa: E402
-from feedrate.sweep.trial import TrialResult  # noqa: E402
+from feedrate.sweep.trial import OK, OVER_BUDGET, TrialResult  # noqa: E402
 
 PARAMS = (
     "num_workers",
@@ -152,23 +153,83 @@ def write_markdown(
             f"{' **winner**' if c is decision.winner else ''} | {_fmt(c.median)} | {_fmt(c.spread)}"
             f" | {len(c.values)}/{len(c.results)} | {against} |"
         )
-    lines += ["", f"Decision: {decision.reason}.", "", *gap_section(gap), "## Every trial", ""]
+    budget = memory_budget(config)
+    lines += ["", f"Decision: {decision.reason}.", ""]
+    if budget is not None:
+        lines += [f"Memory budget: {budget}; a run over it cannot win.", ""]
+    lines += [*gap_section(gap), "## Every trial", ""]
     lines.append("| " + " | ".join(COLUMNS) + " |")
     lines.append("|" + "---|" * len(COLUMNS))
     for row in table:
         lines.append("| " + " | ".join(_fmt(row.get(c)) for c in COLUMNS) + " |")
     lines += [
         "",
-        "Plots: `samples_vs_workers.png`, `trials_over_time.png`, `final_comparison.png`.",
+        "Plots: `samples_vs_workers.png`, `trials_over_time.png`, `final_comparison.png`,"
+        " `memory_vs_throughput.png` (the Pareto front of memory and throughput).",
         "",
     ]
     atomic_write_text(path, "\n".join(lines))
 
 
-def plot_all(sweep_dir: Path, table: list[dict], contestants, decision) -> None:
+def plot_all(sweep_dir: Path, table: list[dict], contestants, decision, budget=None) -> None:
     _plot_workers(sweep_dir / "samples_vs_workers.png", table)
     _plot_search(sweep_dir / "trials_over_time.png", table)
     _plot_final(sweep_dir / "final_comparison.png", contestants, decision)
+    _plot_memory(sweep_dir / "memory_vs_throughput.png", table, decision, budget)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (memory, throughput) points no other point beats on both: less or equal memory
+    and more or equal throughput, better on one. Sorted by memory."""
+    front, best = [], float("-inf")
+    for memory, rate in sorted(points, key=lambda p: (p[0], -p[1])):
+        if rate > best:
+            front.append((memory, rate))
+            best = rate
+    return front
+
+
+def _plot_memory(path: Path, table: list[dict], decision, budget) -> None:
+    """Throughput against peak memory for every run that measured both: the Pareto front,
+    the memory budget and the preset chosen."""
+    measured = [
+        r
+        for r in table
+        if r.get("samples_per_sec") and r.get("peak_pss_mb") and r["status"] in (OK, OVER_BUDGET)
+    ]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for status, style in ((OK, "o"), (OVER_BUDGET, "x")):
+        pts = [(r["peak_pss_mb"], r["samples_per_sec"]) for r in measured if r["status"] == status]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), style, alpha=0.6, label=f"run ({status})")
+    fits = [
+        (r["peak_pss_mb"], r["samples_per_sec"])
+        for r in measured
+        if budget is None or r["peak_pss_mb"] <= budget.mb
+    ]
+    front = pareto_front(fits)
+    if front:
+        ax.step(*zip(*front, strict=True), where="post", color="tab:orange", label="Pareto front")
+    if budget is not None:
+        ax.axvline(budget.mb, color="tab:red", linestyle="--", label=f"budget {budget.mb:,.0f} MB")
+    winner = decision.winner
+    if winner.peak_mb and winner.median:
+        ax.plot(
+            [winner.peak_mb],
+            [winner.median],
+            "*",
+            markersize=16,
+            color="tab:green",
+            label=f"chosen: {winner.label}",
+        )
+    ax.set_xlabel("peak memory, MB (PSS of the training process and its workers)")
+    ax.set_ylabel("samples/s")
+    ax.set_title("Throughput against memory (every measured run)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _plot_workers(path: Path, table: list[dict]) -> None:
@@ -305,6 +366,6 @@ def write_all(
     table = rows(study, search, contestants, n_new=len(search))
     write_csv(sweep_dir / "trials.csv", table)
     write_markdown(sweep_dir / "sweep_report.md", config, table, contestants, decision, gap)
-    plot_all(sweep_dir, table, contestants, decision)
+    plot_all(sweep_dir, table, contestants, decision, memory_budget(config))
     if gap is not None:
         plot_gap(sweep_dir / "gap.png", gap)

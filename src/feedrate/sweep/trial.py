@@ -28,6 +28,7 @@ from feedrate.errors import ConfigError
 from feedrate.files import atomic_write_text
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
+OVER_BUDGET = "over budget"  # it ran, and used more memory than sweep.memory_budget_gb
 # Objectives a busy CPU distorts: a noisy measurement of one is taken again.
 THROUGHPUT = ("samples_per_sec", "consumed_samples_per_sec", "produced_samples_per_sec")
 

@@ -54,16 +54,23 @@ class FeedrateTrialLauncher(Launcher):
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
-        from feedrate.sweep.feasibility import FeasibilityGuard
+        from feedrate.sweep.feasibility import FeasibilityGuard, memory_budget
 
         self.config = config
         self.hydra_context = hydra_context
-        self.guard = FeasibilityGuard(self.memory_budget_frac)
+        self.guard = FeasibilityGuard(self.memory_budget_frac, memory_budget(config))
 
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from feedrate.sweep.trial import OK, SKIPPED, TrialFailed, TrialResult, run_trial
+        from feedrate.sweep.trial import (
+            OK,
+            OVER_BUDGET,
+            SKIPPED,
+            TrialFailed,
+            TrialResult,
+            run_trial,
+        )
 
         assert self.config is not None and self.hydra_context is not None
         script = Path(sys.argv[0]).resolve()
@@ -89,6 +96,10 @@ class FeedrateTrialLauncher(Launcher):
                 command = [*overrides, *self._abandon(sweep_config, objective)]
                 result = run_trial(script, command, job_dir, self.timeout_s, objective)
                 self.guard.learn(sweep_config, result)
+                over = self.guard.budget.over(result.metrics) if self.guard.budget else None
+                if over and result.status == OK:  # measured, and kept for the report
+                    result.status, result.reason = OVER_BUDGET, over
+                    result.save()
             ret = JobReturn(
                 overrides=list(overrides),
                 cfg=sweep_config,
