@@ -9,6 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from feedrate.config import Measure
+from feedrate.drift import DriftGuard
 from feedrate.meter import Meter
 
 
@@ -47,7 +48,7 @@ class Run:
     """A meter on a fake clock; each step waits ``wait`` s for its batch and computes for
     ``compute`` s; the workers have produced ``produced`` samples so far."""
 
-    def __init__(self, total=30, backlog=0, measure=Measure.train, **cfg) -> None:
+    def __init__(self, total=30, backlog=0, measure=Measure.train, drift=None, **cfg) -> None:
         self.clock, self.monitor, self.syncs, self.produced = Clock(), Monitor(), 0, 0
         self.total = total
 
@@ -65,6 +66,7 @@ class Run:
             monitor=self.monitor,
             sync=sync,
             clock=self.clock,
+            drift=drift,
         )
         self.step = 0
         self.meter.start(0)
@@ -185,3 +187,34 @@ def test_loader_only_reports_no_loss():
     run.steps(20)
     assert math.isnan(run.meter.finish()["final_loss"])
     assert run.meter.times.window_rates
+
+
+def test_a_pipeline_that_falls_behind_is_said_once_per_episode(caplog):
+    """Windows of 4 steps: 20% waiting, then 80% (storage slowed), then 20% again, then 80%."""
+    guard = DriftGuard(rise=0.25, windows=3)
+    run = Run(total=1000, drift=guard)
+    run.steps(2 + 5 * 4, wait=0.01, compute=0.04)  # warm-up, then 5 windows at 20%
+    assert guard.episodes == 0
+    run.steps(6 * 4, wait=0.04, compute=0.01)  # 6 windows at 80%: one warning
+    assert guard.episodes == 1 and run.meter.finish()["drift_warnings"] == 1
+    warnings = [r.getMessage() for r in caplog.records if "fell behind" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "waited for data 80% of the time in steps 19-30" in warnings[0]  # 2 of 3 behind
+    assert "against 20% early in this run (steps 3-14)" in warnings[0]
+    run.steps(4 * 4, wait=0.01, compute=0.04)  # recovered
+    run.steps(4 * 4, wait=0.04, compute=0.01)  # behind again: a second episode
+    assert guard.episodes == 2
+
+
+def test_the_preset_measured_figure_is_a_reference_too():
+    """A run that starts behind (a cold cache from the first step) is compared with what the
+    preset measured; one that stays as it started is not."""
+    guard = DriftGuard(rise=0.25, windows=3, preset_wait=0.1)
+    for k in range(3):
+        message = guard.window((4 * k + 1, 4 * k + 4), 0.7)
+    assert guard.episodes == 1 and "against 10% when the preset was measured" in message
+    steady = DriftGuard(rise=0.25, windows=3)
+    assert all(steady.window((k, k), 0.7) is None for k in range(10))
+    noisy = DriftGuard(rise=0.25, windows=3)
+    shares = [0.2, 0.5, 0.2, 0.2, 0.6, 0.1, 0.2, 0.5, 0.3]  # single windows spike: the median
+    assert all(noisy.window((k, k), s) is None for k, s in enumerate(shares))

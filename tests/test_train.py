@@ -434,3 +434,28 @@ def test_a_run_measures_after_the_backlog_and_records_its_warm_up(compose, tmp_p
     assert w["backlog_batches"] == 8, "2 workers x prefetch 4, consumed before measuring"
     assert w["steps"] >= 8 + 2 * 2 and m["measured_steps"] == 60 - w["steps"]
     assert w["seconds"] > 0 and isinstance(w["settled"], bool)
+
+
+@pytest.mark.slow
+def test_a_run_whose_storage_slows_down_half_way_warns_once(tmp_path):
+    """5 s after the dataset is built each sample waits 10 ms more: 4 workers then deliver a
+    batch of 32 in 80 ms, against a few ms of compute. The guard says so once."""
+    proc = run_cli(
+        *shrink(
+            [
+                "dataset.slowdown_after_s=5",
+                "dataset.slowdown_ms=10",
+                "model=tiny_cnn",
+                "loader=recipe",
+                "loader.batch_size=32",
+                "trainer.max_steps=100000",
+                "trainer.max_seconds=9",
+                "trainer.window_steps=10",
+                "trainer.drift_windows=3",
+                f"hydra.run.dir={tmp_path}",
+            ]
+        )
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("the input pipeline fell behind") == 1, proc.stdout[-3000:]
+    assert json.loads((tmp_path / "metrics.json").read_text())["drift_warnings"] == 1

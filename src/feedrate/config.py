@@ -168,6 +168,10 @@ class SyntheticConfig:
     cpu_ms: float = 0.0
     dtype: str = "uint8"
     seed: int = 0
+    # Storage that slows down mid-run: slowdown_ms more per sample, slowdown_after_s after the
+    # dataset is built (null: never). What the drift guard is for.
+    slowdown_after_s: float | None = None
+    slowdown_ms: float = 0.0
 
 
 @dataclass
@@ -268,6 +272,10 @@ class TrainerConfig:
     # Stream samples without epoch ends (a sampler that reshuffles forever): the steady state
     # the sweep compares. samples/s is then the lower of consumed and produced.
     stream: bool = False
+    # The drift guard: warn once when the data-wait share of the last drift_windows windows
+    # is drift_rise or more above the run's first ones (or the preset's); null: off.
+    drift_rise: float | None = 0.25
+    drift_windows: int = 5
 
 
 @dataclass

@@ -77,7 +77,9 @@ class SyntheticDataset(Dataset):
 
     The sleep stands for storage or network latency (a waiting worker holds no core); the busy
     loop stands for decoding and augmentation (it holds one). Images are drawn from a small pool
-    of distinct tensors, labelled by pool index, so a model can learn them.
+    of distinct tensors, labelled by pool index, so a model can learn them. ``slowdown_after_s``
+    seconds after the dataset is built, each sample waits ``slowdown_ms`` more: storage that
+    got slower mid-run (a cold page cache, a busy filer), in every process alike.
     """
 
     def __init__(
@@ -91,6 +93,8 @@ class SyntheticDataset(Dataset):
         dtype: str = "uint8",
         seed: int = 0,
         pool_size: int = 64,
+        slowdown_after_s: float | None = None,
+        slowdown_ms: float = 0.0,
     ) -> None:
         if dtype not in ("uint8", "float32"):
             raise ConfigError(f"dataset.dtype={dtype!r} is not one of 'uint8', 'float32'")
@@ -105,13 +109,19 @@ class SyntheticDataset(Dataset):
         self.io_latency_s = io_latency_ms / 1000
         self.cpu_s = cpu_ms / 1000
         self.classes = [f"class_{i}" for i in range(num_classes)]
+        # wall-clock time, which workers share (a monotonic clock's origin is per machine boot)
+        self.slow_from = None if slowdown_after_s is None else time.time() + slowdown_after_s
+        self.slowdown_s = slowdown_ms / 1000
 
     def __len__(self) -> int:
         return self.n_samples
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        if self.io_latency_s:
-            time.sleep(self.io_latency_s)
+        latency = self.io_latency_s
+        if self.slow_from is not None and time.time() >= self.slow_from:
+            latency += self.slowdown_s
+        if latency:
+            time.sleep(latency)
         if self.cpu_s:
             deadline = time.perf_counter() + self.cpu_s
             while time.perf_counter() < deadline:

@@ -251,6 +251,7 @@ def _train_guarded(
                 resume=resume,
                 checkpoints=checkpoints,
                 decode=work.decode,
+                preset_wait=(cfg.loader.measured_on or {}).get("data_wait_frac"),
             )
         except Exception as exc:
             _raise_named(exc, work, monitor)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from feedrate.config import Measure
+from feedrate.drift import DriftGuard
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +142,10 @@ class Meter:
         sync: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.perf_counter,
         bar: Any = None,  # a tqdm bar, for the figures of each window
+        drift: DriftGuard | None = None,  # told each window's data-wait share
     ) -> None:
         self.cfg, self.total, self.measure = cfg, total, measure
+        self.drift = drift
         self.produced, self.monitor, self.bar = produced, monitor, bar
         self.sync, self.clock = sync, clock
         # Steps before measuring: enough to rebuild the pipeline, and at least one measured step
@@ -269,7 +272,7 @@ class Meter:
             self.sync()
             now = self.clock()
             self.times.elapsed_s += now - self._t_prev_end
-            self._close(now)
+            self._close(now, None)
         self.monitor.end_cpu_window()
         return {
             "times": self.times,
@@ -279,6 +282,7 @@ class Meter:
             "train_accuracy": self.train_accuracy,
             "warmup": self.warm.as_dict(),
             "abandoned": self.abandoned,
+            "drift_warnings": self.drift.episodes if self.drift is not None else 0,
         }
 
     # -- inside ----------------------------------------------------------------------------
@@ -322,7 +326,7 @@ class Meter:
         self._window_wait += wait
         self._t_prev_end = t2
         if window_end:
-            self._close(t2)
+            self._close(t2, step)
         times.elapsed_s += t2 - self._t0  # the measured steps' own time, pauses left out
         if window_end and cfg.abandon_below is not None:
             self.abandoned = clearly_below(times, cfg.abandon_below, cfg.stream)
@@ -330,8 +334,13 @@ class Meter:
         if out_of_time:
             self.done = True
 
-    def _close(self, t2: float) -> None:
+    def _close(self, t2: float, step: int | None) -> None:
         span = t2 - self._window_start
+        if self.drift is not None and step is not None and span > 0:
+            steps = (step - self._window_steps + 1, step)
+            warning = self.drift.window(steps, self._window_wait / span)
+            if warning:
+                log.warning(warning)
         if self._produced_at_start is not None:
             self.times.produced = self.produced() - self._produced_at_start - self._produced_gap
         # A last window cut short by the clock or the step limit is too short to stand alone

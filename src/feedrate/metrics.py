@@ -151,6 +151,7 @@ def summarise(
         "steps": result.steps,
         "warmup": result.warmup,
         "abandoned": result.abandoned or None,
+        "drift_warnings": result.drift_warnings,
         "epochs_started": result.epochs_started,
         "run": run or {},
     }

@@ -22,6 +22,7 @@ from feedrate.errors import ConfigError, DatasetError, Interrupted
 from feedrate.faults import LoaderFailure
 from feedrate.hardware import Hardware
 from feedrate.loader import loader_state, produced_samples
+from feedrate.drift import DriftGuard
 from feedrate.meter import Meter, StepTimes
 from feedrate.monitor import ResourceMonitor
 from feedrate.stream import is_stream, nothing_here
@@ -52,6 +53,7 @@ class TrainResult:
     position: Position  # where training stopped: what the final checkpoint records
     warmup: dict = field(default_factory=dict)  # how the warm-up ended (WarmUp.as_dict)
     abandoned: str = ""  # why measuring stopped early, if it did
+    drift_warnings: int = 0  # times the input pipeline fell behind (feedrate.drift)
 
 
 @dataclass
@@ -285,12 +287,14 @@ def train(
     resume: Position | None = None,
     checkpoints: Checkpoints | None = None,
     decode: Callable[[list], torch.Tensor] | None = None,
+    preset_wait: float | None = None,
 ) -> TrainResult:
     """Train for ``planned_steps``, timed by a :class:`~feedrate.meter.Meter`.
 
     From ``resume`` (a checkpoint's position) training goes on where it stopped; warm-up and
     measuring start again there. ``checkpoints`` says when to save; Ctrl-C ends the run after
-    the current step, with the state saved.
+    the current step, with the state saved. ``preset_wait``, the data-wait share the loader
+    preset was measured with, is one reference of the drift guard (:mod:`feedrate.drift`).
     """
     total = planned_steps(cfg, loader)
     measure = Measure(getattr(cfg.measure, "value", cfg.measure))
@@ -309,6 +313,11 @@ def train(
         device=hw.device,
         sync=lambda: _sync(hw.device),
         bar=bar,
+        drift=(
+            DriftGuard(cfg.drift_rise, cfg.drift_windows, preset_wait)
+            if cfg.drift_rise is not None and measure is not Measure.compute
+            else None
+        ),
     )
     scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
     if resume is not None and resume.scaler:
