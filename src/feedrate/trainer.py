@@ -18,11 +18,11 @@ from tqdm import tqdm
 
 from feedrate.checkpoint import Position
 from feedrate.config import Measure
+from feedrate.drift import DriftGuard
 from feedrate.errors import ConfigError, DatasetError, Interrupted
 from feedrate.faults import LoaderFailure
 from feedrate.hardware import Hardware
 from feedrate.loader import loader_state, produced_samples
-from feedrate.drift import DriftGuard
 from feedrate.meter import Meter, StepTimes
 from feedrate.monitor import ResourceMonitor
 from feedrate.stream import is_stream, nothing_here
