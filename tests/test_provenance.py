@@ -65,7 +65,11 @@ def test_auto_picks_the_preset_of_this_machine_then_the_closest_that_fits(tmp_pa
     _write(tmp_path, "big_cpu", {"num_workers": 48}, _measured_on(here, **BIG_CPU))
     _write(tmp_path, "mine", {"num_workers": 3}, _measured_on(here))
     name, why = provenance.pick(tmp_path, here, has_cuda=False)
-    assert name == "mine" and why.startswith("measured on this machine and workload")
+    assert name == "mine" and why.startswith("measured on this machine and workload (1,000")
+    # Three machines, three presets: each picks its own
+    for machine, own in ((H200, "h200"), (BIG_CPU, "big_cpu"), ({}, "mine")):
+        there = provenance.Here({**here.machine, **machine}, here.workload)
+        assert provenance.pick(tmp_path, there, has_cuda=bool(machine.get("gpu_count")))[0] == own
     # Another workload here: the presets of this workload on other machines are nearer
     (tmp_path / "mine.yaml").unlink()
     name, why = provenance.pick(tmp_path, here, has_cuda=False)

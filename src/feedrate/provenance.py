@@ -224,10 +224,21 @@ def pick(directory: Path, here: Here, has_cuda: bool) -> tuple[str, str]:
         measured_on = _load(path).get("measured_on")
         if path.stem != "auto" and isinstance(measured_on, dict):
             found.append((path.stem, measured_on))
-    same = [(n, m) for n, m in found if here.differences(m) == ([], [])]
-    if same:
-        name, measured_on = max(same, key=lambda f: str(f[1].get("date", "")))
-        return name, f"measured on this machine and workload ({measured_on.get('date', '?')})"
+    same = [
+        (n, m)
+        for n, m in found
+        if here.differences(m) == ([], [])
+        and does_not_fit(preset_node(directory, n), m, has_cuda) is None
+    ]
+    if same:  # a sweep under a memory budget and one without: the faster that fits here
+        name, measured_on = max(same, key=lambda f: f[1].get("samples_per_sec") or 0)
+        rate = measured_on.get("samples_per_sec")
+        return name, (
+            f"measured on this machine and workload ({rate:,.0f} samples/s,"
+            f" {measured_on.get('date', '?')})"
+            if rate
+            else f"measured on this machine and workload ({measured_on.get('date', '?')})"
+        )
     refused = []
     for name, measured_on in sorted(found, key=lambda f: _distance(f[1], here)):
         why = does_not_fit(preset_node(directory, name), measured_on, has_cuda)

@@ -90,6 +90,10 @@ class FeasibilityGuard:
         fp.sample_bytes = max(fp.sample_bytes, m.get("run", {}).get("sample_bytes", 0))
         self.learned = True
 
+    def predicted_mb(self, cfg: DictConfig) -> float | None:
+        """Memory plus batches in /dev/shm ``cfg`` is predicted to need; None before learning."""
+        return sum(predict(cfg.loader, self.footprint)) if self.learned else None
+
     def check(self, cfg: DictConfig) -> str | None:
         """Why ``cfg`` should not run (None when it fits, or nothing is known yet)."""
         shards = (cfg.get("dataset") or {}).get("n_shards")

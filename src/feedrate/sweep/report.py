@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -77,6 +78,7 @@ def _row(phase: str, name: str, r: TrialResult) -> dict:
         "first_batch_s": m.get("first_batch_s"),
         "peak_pss_mb": m.get("peak_pss_mb"),
         "peak_shm_mb": m.get("peak_shm_mb"),
+        "predicted_memory_mb": m.get("predicted_memory_mb"),  # skipped by the guard
         "duration_s": round(r.duration_s, 2),
         "reason": r.reason or m.get("abandoned") or "",
     }
@@ -210,17 +212,28 @@ def _plot_memory(path: Path, table: list[dict], decision, budget) -> None:
     front = pareto_front(fits)
     if front:
         ax.step(*zip(*front, strict=True), where="post", color="tab:orange", label="Pareto front")
+    skipped = [r["predicted_memory_mb"] for r in table if r.get("predicted_memory_mb")]
+    if skipped:
+        ax.plot(
+            skipped,
+            [0] * len(skipped),
+            "|",
+            markersize=14,
+            color="tab:red",
+            label="not run: predicted over a limit",
+        )
     if budget is not None:
         ax.axvline(budget.mb, color="tab:red", linestyle="--", label=f"budget {budget.mb:,.0f} MB")
     winner = decision.winner
-    if winner.peak_mb and winner.median:
+    peaks = [r.metrics.get("peak_pss_mb") for r in winner.results if r.ok and r.metrics]
+    if winner.median and any(peaks):
         ax.plot(
-            [winner.peak_mb],
+            [statistics.median(p for p in peaks if p)],
             [winner.median],
             "*",
             markersize=16,
             color="tab:green",
-            label=f"chosen: {winner.label}",
+            label=f"chosen: {winner.label} (medians of its runs)",
         )
     ax.set_xlabel("peak memory, MB (PSS of the training process and its workers)")
     ax.set_ylabel("samples/s")

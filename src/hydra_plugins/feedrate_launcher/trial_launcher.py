@@ -89,7 +89,10 @@ class FeedrateTrialLauncher(Launcher):
             shown = " ".join(o for o in filter_overrides(overrides) if o not in fixed)
             skip = self.guard.check(sweep_config)
             if skip:
-                result = TrialResult(list(overrides), SKIPPED, reason=skip, job_dir=str(job_dir))
+                predicted = {"predicted_memory_mb": self.guard.predicted_mb(sweep_config)}
+                result = TrialResult(
+                    list(overrides), SKIPPED, reason=skip, metrics=predicted, job_dir=str(job_dir)
+                )
                 job_dir.mkdir(parents=True, exist_ok=True)
                 result.save()
             else:
