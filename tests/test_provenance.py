@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,15 @@ def test_a_preset_moved_to_another_machine_warns_and_auto_picks_this_ones(projec
     assert moved.stdout.count("loader=moved was measured elsewhere: tuned on 16 cores") == 1
     mine = run_cli(*shrink(["loader=mine", f"hydra.run.dir={project}/mine"]), cwd=project)
     assert mine.returncode == 0 and "measured elsewhere" not in mine.stdout
+    doctor = subprocess.run(
+        [sys.executable, "-m", "feedrate.doctor", "--no-measure", *shrink(["loader=moved"])],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = next(ln for ln in doctor.stdout.splitlines() if "measured elsewhere" in ln)
+    assert line.startswith("[warn]") and "loader=moved was measured elsewhere: tuned on 16" in line
     auto = run_cli(
         *shrink(["loader=auto", "loader.timeout=30", f"hydra.run.dir={project}/auto"]),
         cwd=project,

@@ -240,7 +240,11 @@ def pick(directory: Path, here: Here, has_cuda: bool) -> tuple[str, str]:
             else f"measured on this machine and workload ({measured_on.get('date', '?')})"
         )
     refused = []
-    for name, measured_on in sorted(found, key=lambda f: _distance(f[1], here)):
+    # nearest first; at one distance, the faster
+    nearest = sorted(
+        found, key=lambda f: (_distance(f[1], here), -(f[1].get("samples_per_sec") or 0))
+    )
+    for name, measured_on in nearest:
         why = does_not_fit(preset_node(directory, name), measured_on, has_cuda)
         if why is None:
             machine, workload = here.differences(measured_on)

@@ -11,13 +11,17 @@ WORKLOAD="dataset=synthetic dataset.io_latency_ms=10 dataset.dtype=float32 model
 SHORT="trainer.max_steps=60 trainer.warmup_steps=10 trainer.window_steps=10 trainer.progress=false trainer.save_checkpoint=false"
 log() { echo "== $*"; }
 
-log "1. sweep with a 0.9 GB memory budget"
-$PY train.py -m sweep=loader $WORKLOAD sweep.memory_budget_gb=0.9 sweep.preset_name=budget_0_9gb \
-  hydra.sweep.dir="$HERE/sweep_budget" > "$HERE/sweep_budget.log" 2>&1
-log "2. the same sweep without a budget"
-$PY train.py -m sweep=loader $WORKLOAD sweep.preset_name=unbounded \
-  hydra.sweep.dir="$HERE/sweep_unbounded" > "$HERE/sweep_unbounded.log" 2>&1
-cp conf/loader/budget_0_9gb.yaml conf/loader/unbounded.yaml "$HERE/"
+if [ -z "${SKIP_SWEEPS:-}" ]; then
+  log "1. sweep with a 0.9 GB memory budget"
+  $PY train.py -m sweep=loader $WORKLOAD sweep.memory_budget_gb=0.9 sweep.preset_name=budget_0_9gb \
+    hydra.sweep.dir="$HERE/sweep_budget" > "$HERE/sweep_budget.log" 2>&1
+  log "2. the same sweep without a budget"
+  $PY train.py -m sweep=loader $WORKLOAD sweep.preset_name=unbounded \
+    hydra.sweep.dir="$HERE/sweep_unbounded" > "$HERE/sweep_unbounded.log" 2>&1
+  cp conf/loader/budget_0_9gb.yaml conf/loader/unbounded.yaml "$HERE/"
+else  # SKIP_SWEEPS=1: the presets the sweeps wrote before
+  cp "$HERE/budget_0_9gb.yaml" "$HERE/unbounded.yaml" conf/loader/
+fi
 
 log "3. the unbounded preset, moved to a 16-core H200 node and to a 32-core CPU node"
 $PY - <<'PY'
@@ -40,19 +44,19 @@ grep "measured elsewhere" "$HERE/run_moved.log"
 $PY -m feedrate.doctor --no-measure $WORKLOAD loader=h200_16core > "$HERE/doctor_moved.txt" 2>&1
 grep -A1 "^Loader preset$" "$HERE/doctor_moved.txt"
 
-log "4. loader=auto among the three: this machine's, then (without it) the closest that fits"
+log "4. loader=auto: this machine's presets; without them, the closest that fits; another workload"
 $PY train.py $WORKLOAD loader=auto $SHORT hydra.run.dir="$HERE/run_auto" > "$HERE/run_auto.log" 2>&1
 grep "loader=auto picked" "$HERE/run_auto.log"
-mv conf/loader/unbounded.yaml /tmp/unbounded.yaml.away
+rm conf/loader/unbounded.yaml conf/loader/budget_0_9gb.yaml  # copies of them are in $HERE
 $PY train.py $WORKLOAD loader=auto $SHORT hydra.run.dir="$HERE/run_auto_elsewhere" > "$HERE/run_auto_elsewhere.log" 2>&1
 grep "loader=auto picked" "$HERE/run_auto_elsewhere.log"
-mv /tmp/unbounded.yaml.away conf/loader/unbounded.yaml
+cp "$HERE/budget_0_9gb.yaml" "$HERE/unbounded.yaml" conf/loader/
 $PY train.py $WORKLOAD dataset.io_latency_ms=5 loader=auto $SHORT hydra.run.dir="$HERE/run_auto_other_workload" > "$HERE/run_auto_other_workload.log" 2>&1
 grep "loader=auto picked" "$HERE/run_auto_other_workload.log"
 
 log "5. a run whose storage slows down half-way"
 $PY train.py dataset=synthetic dataset.image_size=32 dataset.slowdown_after_s=8 dataset.slowdown_ms=10 \
-  model=tiny_cnn loader=recipe loader.batch_size=32 trainer.max_steps=1000 trainer.progress=false \
-  trainer.save_checkpoint=false hydra.run.dir="$HERE/run_drift" > "$HERE/run_drift.log" 2>&1
+  model=tiny_cnn loader=recipe loader.batch_size=32 trainer.max_steps=100000 trainer.max_seconds=20 \
+  trainer.progress=false trainer.save_checkpoint=false hydra.run.dir="$HERE/run_drift" > "$HERE/run_drift.log" 2>&1
 grep "fell behind" "$HERE/run_drift.log"
 rm -f conf/loader/h200_16core.yaml conf/loader/cpu_32core.yaml conf/loader/budget_0_9gb.yaml conf/loader/unbounded.yaml
