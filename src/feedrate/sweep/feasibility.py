@@ -91,8 +91,9 @@ class FeasibilityGuard:
         self.learned = True
 
     def predicted_mb(self, cfg: DictConfig) -> float | None:
-        """Memory plus batches in /dev/shm ``cfg`` is predicted to need; None before learning."""
-        return sum(predict(cfg.loader, self.footprint)) if self.learned else None
+        """The PSS ``cfg`` is predicted to peak at (what a budget is compared with); None
+        before any trial taught the footprint."""
+        return predict(cfg.loader, self.footprint)[0] if self.learned else None
 
     def check(self, cfg: DictConfig) -> str | None:
         """Why ``cfg`` should not run (None when it fits, or nothing is known yet)."""
