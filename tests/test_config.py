@@ -123,6 +123,9 @@ def test_typos_and_wrong_types_fail_at_composition(compose, override, key):
         (["loader.worker_threads=2"], "loader.worker_threads=2 applies to worker processes"),
         (["loader.num_workers=2", "loader.worker_threads=0"], "loader.worker_threads=0 must be"),
         (["loader.main_threads=0"], "loader.main_threads=0 must be at least 1"),
+        (["trainer.drift_windows=0"], "trainer.drift_windows=0 must be at least 1"),
+        (["trainer.drift_rise=0"], "trainer.drift_rise=0.0 must be a share of step time"),
+        (["dataset.slowdown_ms=-5"], "dataset.slowdown_ms=-5.0 must be 0 or more"),
         (
             [
                 "loader.num_workers=2",

@@ -18,8 +18,9 @@ from feedrate.sweep.preset import MARKER, plain_data_problems, render
 
 from .conftest import ROOT, run_cli, shrink
 
-H200 = {"usable_cores": 16.0, "gpu_name": "NVIDIA H200", "gpu_count": 1, "ram_gb": 128.0}
-BIG_CPU = {"usable_cores": 64.0, "gpu_name": None, "gpu_count": 0, "ram_gb": 512.0}
+# Machines no test runs on (not the CI's, nor a GPU host's)
+GPU_NODE = {"usable_cores": 24.0, "gpu_name": "Example GPU X1", "gpu_count": 3, "ram_gb": 96.0}
+BIG_CPU = {"usable_cores": 96.0, "gpu_name": None, "gpu_count": 0, "ram_gb": 768.0}
 
 
 @pytest.fixture
@@ -51,11 +52,11 @@ def _write(directory: Path, name: str, values: dict, measured_on: dict | None) -
 
 
 def test_the_warning_names_what_differs(here):
-    moved = _measured_on(here, **H200)
+    moved = _measured_on(here, **GPU_NODE)
     moved["workload"]["model"] = {"target": "torchvision.models.resnet18"}
     warning = provenance.travel_warning("tuned_2core", moved, here)
-    cores = f"{here.machine['usable_cores']:g} cores, no GPU"
-    assert f"tuned on 16 cores, 1x NVIDIA H200, 128 GB RAM; this machine: {cores}" in warning
+    this = provenance.describe_machine(here.machine)
+    assert f"tuned on 24 cores, 3x Example GPU X1, 96 GB RAM; this machine: {this}" in warning
     assert "model.target resnet18 -> TinyCNN" in warning
     assert "python train.py -m sweep=loader sweep.preset_name=tuned_2core_here" in warning
     assert provenance.travel_warning("tuned_2core", _measured_on(here), here) is None
@@ -63,28 +64,28 @@ def test_the_warning_names_what_differs(here):
 
 def test_auto_picks_the_preset_of_this_machine_then_the_closest_that_fits(tmp_path, here):
     (tmp_path / "default.yaml").write_text("num_workers: 0\n")
-    _write(tmp_path, "h200", {"num_workers": 14, "decode": "device"}, _measured_on(here, **H200))
+    _write(tmp_path, "gpu", {"num_workers": 14, "decode": "device"}, _measured_on(here, **GPU_NODE))
     _write(tmp_path, "big_cpu", {"num_workers": 48}, _measured_on(here, **BIG_CPU))
     _write(tmp_path, "mine", {"num_workers": 3}, _measured_on(here))
     name, why = provenance.pick(tmp_path, here, has_cuda=False)
     assert name == "mine" and why.startswith("measured on this machine and workload (1,000")
     # Three machines, three presets: each picks its own
-    for machine, own in ((H200, "h200"), (BIG_CPU, "big_cpu"), ({}, "mine")):
+    for machine, own in ((GPU_NODE, "gpu"), (BIG_CPU, "big_cpu"), ({}, "mine")):
         there = provenance.Here({**here.machine, **machine}, here.workload)
         assert provenance.pick(tmp_path, there, has_cuda=bool(machine.get("gpu_count")))[0] == own
     # Another workload here: the presets of this workload on other machines are nearer
     (tmp_path / "mine.yaml").unlink()
     name, why = provenance.pick(tmp_path, here, has_cuda=False)
-    assert name == "big_cpu", "the H200 one decodes on a GPU, which this machine lacks"
-    assert "closest preset that fits: tuned on 64 cores, no GPU" in why
+    assert name == "big_cpu", "the GPU node's decodes on a GPU, which this machine lacks"
+    assert "closest preset that fits: tuned on 96 cores, no GPU" in why
     # A preset that needed more memory than this machine has does not fit either
     huge = _measured_on(here, **BIG_CPU) | {"peak_pss_mb": 10**9}
     _write(tmp_path, "big_cpu", {"num_workers": 48}, huge)
     name, why = provenance.pick(tmp_path, here, has_cuda=False)
     assert name == "recipe"
-    assert "h200: it decodes on the GPU" in why and "big_cpu: it needed 1,000,000,000 MB" in why
+    assert "gpu: it decodes on the GPU" in why and "big_cpu: it needed 1,000,000,000 MB" in why
     name, _ = provenance.pick(tmp_path, here, has_cuda=True)
-    assert name == "h200"
+    assert name == "gpu"
 
 
 @pytest.fixture
@@ -97,11 +98,11 @@ def project(tmp_path) -> Path:
 
 def test_a_preset_moved_to_another_machine_warns_and_auto_picks_this_ones(project, here):
     loader = project / "conf" / "loader"
-    _write(loader, "moved", {"num_workers": 1}, _measured_on(here, **H200))
+    _write(loader, "moved", {"num_workers": 1}, _measured_on(here, **GPU_NODE))
     _write(loader, "mine", {"num_workers": 2, "prefetch_factor": 3}, _measured_on(here))
     moved = run_cli(*shrink(["loader=moved", f"hydra.run.dir={project}/moved"]), cwd=project)
     assert moved.returncode == 0, moved.stderr[-3000:]
-    assert moved.stdout.count("loader=moved was measured elsewhere: tuned on 16 cores") == 1
+    assert moved.stdout.count("loader=moved was measured elsewhere: tuned on 24 cores") == 1
     mine = run_cli(*shrink(["loader=mine", f"hydra.run.dir={project}/mine"]), cwd=project)
     assert mine.returncode == 0 and "measured elsewhere" not in mine.stdout
     doctor = subprocess.run(
@@ -112,7 +113,7 @@ def test_a_preset_moved_to_another_machine_warns_and_auto_picks_this_ones(projec
         timeout=120,
     )
     line = next(ln for ln in doctor.stdout.splitlines() if "measured elsewhere" in ln)
-    assert line.startswith("[warn]") and "loader=moved was measured elsewhere: tuned on 16" in line
+    assert line.startswith("[warn]") and "loader=moved was measured elsewhere: tuned on 24" in line
     auto = run_cli(
         *shrink(["loader=auto", "loader.timeout=30", f"hydra.run.dir={project}/auto"]),
         cwd=project,
@@ -154,3 +155,30 @@ def test_a_sweep_written_preset_records_where_it_was_measured(tmp_path, here):
     assert measured["data_wait_frac"] == pytest.approx(0.3)
     path = _write(tmp_path, "swept", {"num_workers": 2}, measured)
     assert path.read_text().splitlines()[1] == MARKER
+
+
+def test_auto_keeps_every_loader_key_the_command_line_set(tmp_path, here, compose):
+    """Even one equal to auto's own (num_workers=0 is loader/default's), and a preset that
+    tuned its batch size is this workload's when the command line did not set one."""
+    (tmp_path / "default.yaml").write_text("num_workers: 0\n")
+    (tmp_path / "auto.yaml").write_text("defaults: [default, _self_]\nauto: true\n")
+    tuned = _measured_on(here)
+    tuned["workload"]["batch_size"] = 128
+    _write(tmp_path, "mine", {"num_workers": 3, "prefetch_factor": 4, "batch_size": 128}, tuned)
+    cfg = compose("loader=auto", "loader.num_workers=0")
+    name, line = provenance.settle(cfg, tmp_path, here, False, None, {"num_workers"}, say=False)
+    assert name == "mine" and "measured on this machine and workload" in line
+    assert (cfg.loader.num_workers, cfg.loader.prefetch_factor) == (0, 4)
+    assert cfg.loader.batch_size == 128 and cfg.loader.auto is False
+    cfg = compose("loader=auto", "loader.batch_size=16")
+    name, line = provenance.settle(cfg, tmp_path, here, False, None, {"batch_size"}, say=False)
+    assert "differs in batch_size" in line and cfg.loader.batch_size == 16
+
+
+def test_a_preset_that_cannot_be_read_is_left_out_and_named(tmp_path, here, caplog):
+    (tmp_path / "default.yaml").write_text("num_workers: 0\n")
+    broken = _measured_on(here)
+    del broken["machine"]
+    (tmp_path / "broken.yaml").write_text(yaml.safe_dump({"measured_on": broken}))
+    assert provenance.pick(tmp_path, here, has_cuda=False)[0] == "recipe"
+    assert f"loader=auto leaves out {tmp_path / 'broken.yaml'}" in caplog.text

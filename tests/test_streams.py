@@ -12,9 +12,11 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from feedrate.checkpoint import Position, Reader, save_stream, stream_state
 from feedrate.errors import DatasetError
 from feedrate.loader import build_loader
 from feedrate.stream import GuardedStream, ShardStream, build_webdataset, check_split_by_worker
@@ -100,6 +102,24 @@ def test_a_stream_goes_on_from_its_loaders_state(shards, monkeypatch, workers):
     (tail, after) = epoch(_stream(shards, shuffle_buffer=8), state_in=state, epochs=2)
     assert len(head) == 5 * 4 and head + tail == whole
     assert sorted(after) == sorted(whole) and after != whole
+
+
+def test_a_stream_position_from_another_step_or_split_is_not_restored(tmp_path):
+    last = tmp_path / "last.pt"
+    saved = {"step": 40}
+    reader = Reader(rank=1, world_size=2, num_workers=2)
+    state, why = stream_state(saved, last, reader)
+    assert state is None and why == f"{tmp_path / 'last.rank1.pt'} is missing"
+    save_stream(last, reader, Position(step=40, stream={"_snapshot": {"step": 3}}))
+    assert stream_state(saved, last, reader) == ({"_snapshot": {"step": 3}}, "")
+    state, why = stream_state({"step": 50}, last, reader)
+    assert state is None and "is at step 40, the checkpoint at 50" in why
+    wider = Reader(rank=1, world_size=4, num_workers=2)
+    state, why = stream_state(saved, last, wider)
+    assert state is None and "was read by world_size=2, this run has 4" in why
+    save_stream(last, reader, Position(step=40, stream={"odd": np.int64(3)}))
+    state, why = stream_state(saved, last, reader)
+    assert state is None and "must hold plain ints" in why
 
 
 def test_two_ranks_read_disjoint_shards_that_cover_the_stream(shards, monkeypatch):
@@ -268,7 +288,11 @@ def test_a_users_stream_resumes_on_each_rank_from_its_own_position(tmp_path):
     first = _numbers(tmp_path, "loader.num_workers=4", *resumable, "trainer.max_steps=3")
     proc = run_torchrun(2, *first, cwd=tmp_path, env={"PYTHONPATH": "."})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert (tmp_path / "run" / "checkpoints" / "last.rank1.pt").exists()
+    assert {p.name for p in (tmp_path / "run" / "checkpoints").iterdir()} >= {
+        "last.pt",
+        "last.rank0.pt",
+        "last.rank1.pt",
+    }
     shutil.rmtree(tmp_path / "seen")
     again = _numbers(tmp_path, "loader.num_workers=4", *resumable, "trainer.resume=true")
     proc = run_torchrun(2, *again, cwd=tmp_path, env={"PYTHONPATH": "."})

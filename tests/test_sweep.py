@@ -347,6 +347,15 @@ def test_the_fastest_over_the_memory_budget_cannot_win():
     assert "over the memory budget: trial 1 (used 2,000 MB at peak" in bounded.reason
 
 
+def test_when_nothing_fits_the_budget_the_error_says_how_much_would():
+    fast = _contestant("trial 1", [300, 310], False, workers=8)  # 100 MB each run
+    base = _contestant("default", [100, 101], True, workers=0)
+    with pytest.raises(feedrate.errors.FeedrateError) as info:
+        decide([base, fast], Budget(50.0, "sweep.memory_budget_gb=0.05"))
+    assert "within the memory budget" in str(info.value)
+    assert "the least any of them used was 100 MB" in str(info.value)
+
+
 def test_the_pareto_front_keeps_what_nothing_beats_on_both():
     points = [(500, 100), (600, 90), (700, 150), (800, 150), (900, 200), (650, 120)]
     assert pareto_front(points) == [(500, 100), (650, 120), (700, 150), (900, 200)]

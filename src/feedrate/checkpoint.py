@@ -87,7 +87,6 @@ def save(
             "epoch": position.epoch,
             "epoch_samples": position.epoch_samples,
             "epoch_generator": position.epoch_generator,
-            "stream": position.stream,
             "batch_size": batch_size,
             "rng": rng_state(),
             "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
@@ -96,31 +95,54 @@ def save(
 
 
 def rank_path(path: Path, rank: int) -> Path:
-    """Where rank ``rank`` (not 0, whose is in ``path``) keeps its stream's position."""
+    """Where rank ``rank`` keeps its stream's position, beside the checkpoint ``path``: a
+    file of its own, so that a state the stream made cannot spoil the weights' file."""
     return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 
-def save_stream(path: Path, rank: int, position: Position) -> None:
-    """Rank ``rank``'s stream position beside the checkpoint rank 0 writes, with its step."""
+@dataclass(frozen=True)
+class Reader:
+    """Who reads a stream: this rank, of how many, with how many workers (a position is
+    per worker and per rank's share of the shards)."""
+
+    rank: int
+    world_size: int
+    num_workers: int
+
+
+def save_stream(path: Path, reader: Reader, position: Position) -> None:
+    """This rank's stream position, with the step it belongs to and who read it."""
     if position.stream is not None:
-        state = {"format": FORMAT, "step": position.step, "stream": position.stream}
-        save_checkpoint(rank_path(path, rank), state)
+        state = {
+            "format": FORMAT,
+            "step": position.step,
+            "world_size": reader.world_size,
+            "num_workers": reader.num_workers,
+            "stream": position.stream,
+        }
+        save_checkpoint(rank_path(path, reader.rank), state)
 
 
-def stream_state(saved: dict, path: Path, rank: int) -> tuple[dict | None, str]:
+def stream_state(saved: dict, path: Path, reader: Reader) -> tuple[dict | None, str]:
     """This rank's stream position at the checkpoint's step, or None and the reason."""
-    if rank == 0:
-        state = saved.get("stream")
-        return state, "the checkpoint holds no stream position" if state is None else ""
-    own = rank_path(path, rank)
+    own = rank_path(path, reader.rank)
     try:
         mine = torch.load(own, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         return None, f"{own} is missing"
-    except Exception as exc:  # noqa: BLE001 - a torn or foreign file: restart the epoch
-        return None, f"{own} cannot be read ({type(exc).__name__})"
+    except Exception as exc:  # noqa: BLE001 - torn, foreign, or a state of non-plain types
+        return None, (
+            f"{own} cannot be read ({type(exc).__name__}; a stream's state_dict must hold"
+            " plain ints, floats, strings, lists, dicts or tensors)"
+        )
     if mine.get("step") != saved["step"]:
         return None, f"{own} is at step {mine.get('step')}, the checkpoint at {saved['step']}"
+    for key in ("world_size", "num_workers"):
+        if mine.get(key) != getattr(reader, key):
+            return None, (
+                f"{own} was read by {key}={mine.get(key)}, this run has {getattr(reader, key)}:"
+                " the stream's shares differ"
+            )
     return mine["stream"], ""
 
 

@@ -28,7 +28,7 @@ _POSITIVE_DATASET_KEYS = (
     "channels",
     "jpeg_quality",
 )
-_NON_NEGATIVE_DATASET_KEYS = ("io_latency_ms", "cpu_ms")
+_NON_NEGATIVE_DATASET_KEYS = ("io_latency_ms", "cpu_ms", "slowdown_after_s", "slowdown_ms")
 _POSITIVE_MODEL_KEYS = ("width", "grid")
 
 
@@ -117,7 +117,7 @@ def _dataset_problems(dataset: DictConfig) -> Iterable[str]:
 def _trainer_problems(trainer: DictConfig) -> Iterable[str]:
     if trainer.max_steps is None and trainer.epochs is None:
         yield "trainer.max_steps and trainer.epochs are both null: set at least one"
-    for key in ("max_steps", "epochs", "window_steps", "checkpoint_every"):
+    for key in ("max_steps", "epochs", "window_steps", "checkpoint_every", "drift_windows"):
         v = trainer[key]
         if v is not None and v < 1:
             yield f"trainer.{key}={v} must be at least 1"
@@ -137,6 +137,11 @@ def _trainer_problems(trainer: DictConfig) -> Iterable[str]:
         yield (
             "trainer.resume=true with trainer.save_checkpoint=false would continue a run and"
             " then drop its state: set trainer.save_checkpoint=true"
+        )
+    if trainer.drift_rise is not None and not 0 < trainer.drift_rise < 1:
+        yield (
+            f"trainer.drift_rise={trainer.drift_rise} must be a share of step time in (0, 1),"
+            " or null (no drift guard)"
         )
     if trainer.lr <= 0:
         yield f"trainer.lr={trainer.lr} must be positive"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from feedrate import hardware, provenance
 from feedrate.checks import start_method, unpicklable, validate
@@ -292,18 +292,21 @@ def _check_travel(
         report.line("unsafe", "hardware", str(exc))
         return
     here = provenance.Here.of(cfg, fp, hw)
-    if cfg.loader.auto:
-        picked, why = provenance.pick(default_config_dir() / "loader", here, hw.is_cuda)
-        report.line("info", "loader=auto", f"picks loader={picked} here: {why}")
-    elif cfg.loader.measured_on is None:
+    if cfg.loader.measured_on is None and not cfg.loader.auto:
         report.line(
             "info", f"loader={name}", "written by hand (no measured_on): nothing to compare"
         )
+        return
+    keys = (o.split("=", 1)[0].lstrip("+~") for o in overrides)
+    asked = {k.split(".")[1] for k in keys if k.startswith("loader.")}
+    auto = bool(cfg.loader.auto)  # then the picked preset is what the later checks look at
+    directory = default_config_dir() / "loader"
+    picked, line = provenance.settle(cfg, directory, here, hw.is_cuda, name, asked, say=False)
+    if auto:
+        report.line("info", "loader=auto", line.replace("loader=auto picked", "picks") + " here")
     else:
-        measured_on = OmegaConf.to_container(cfg.loader.measured_on, resolve=True)
-        warning = provenance.travel_warning(name, measured_on, here)
-        text = warning or "measured on this machine and workload"
-        report.line("warn" if warning else "ok", f"loader={name}", text)
+        text = line or "measured on this machine and workload"
+        report.line("warn" if line else "ok", f"loader={picked}", text)
 
 
 def _check_presets(report: Report, presets: list[Path]) -> None:

@@ -72,6 +72,14 @@ def compose(
         return hydra_compose(config_name=config_name, overrides=list(overrides or []))
 
 
+def _asked_loader_keys() -> set[str] | None:
+    """The ``loader.*`` keys the command line set (None outside a Hydra app)."""
+    if not HydraConfig.initialized():
+        return None
+    keys = (o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task)
+    return {k.split(".")[1] for k in keys if k.startswith("loader.")}
+
+
 def _config_dir() -> Path:
     """The run's conf/: Hydra's primary config source, else :func:`default_config_dir`."""
     if HydraConfig.initialized():
@@ -135,7 +143,15 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
     choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
     here = provenance.Here.of(cfg, fingerprint, resolved)
     # loader=auto becomes the preset it picks before anything reads the loader
-    provenance.settle(cfg, _config_dir() / "loader", here, resolved.is_cuda, choices.get("loader"))
+    provenance.settle(
+        cfg,
+        _config_dir() / "loader",
+        here,
+        resolved.is_cuda,
+        choices.get("loader"),
+        asked=_asked_loader_keys(),
+        say=ranks.is_main,
+    )
     validate(cfg)
     hw = distributed.setup(ranks, resolved, cfg.trainer)
     try:
@@ -203,7 +219,7 @@ def _restore_stream(run: Run, work: Workload, saved: dict, resume: checkpoint.Po
     if is_resumable(work.dataset) and run.cfg.trainer.stream:
         why = "trainer.stream=true repeats the stream, which then has no position"
     elif is_resumable(work.dataset):
-        state, why = checkpoint.stream_state(saved, run.checkpoint, run.ranks.rank)
+        state, why = checkpoint.stream_state(saved, run.checkpoint, _reader(run, work))
     if state is not None:
         work.loader.load_state_dict(state)
         log.info(
@@ -216,6 +232,11 @@ def _restore_stream(run: Run, work: Workload, saved: dict, resume: checkpoint.Po
         why,
         resume.epoch,
     )
+
+
+def _reader(run: Run, work: Workload) -> checkpoint.Reader:
+    ranks = run.ranks
+    return checkpoint.Reader(ranks.rank, ranks.world_size, work.loader_args["num_workers"])
 
 
 def _train_guarded(
@@ -251,7 +272,9 @@ def _train_guarded(
                 resume=resume,
                 checkpoints=checkpoints,
                 decode=work.decode,
-                preset_wait=(cfg.loader.measured_on or {}).get("data_wait_frac"),
+                preset_wait=provenance.preset_wait(
+                    cfg, provenance.Here.of(cfg, run.fingerprint, run.hw)
+                ),
             )
         except Exception as exc:
             _raise_named(exc, work, monitor)
@@ -269,8 +292,9 @@ def _checkpoints(run: Run, work: Workload) -> Checkpoints:
     batch_size = work.loader.batch_size
 
     def save(position: checkpoint.Position) -> Path:
-        if not run.ranks.is_main:  # rank 0 writes the checkpoint; each rank its stream's place
-            checkpoint.save_stream(run.checkpoint, run.ranks.rank, position)
+        # each rank its stream's place (if it can say it); rank 0 the checkpoint
+        checkpoint.save_stream(run.checkpoint, _reader(run, work), position)
+        if not run.ranks.is_main:
             return run.checkpoint
         weights = distributed.unwrap(work.model)
         return checkpoint.save(

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from feedrate.config import LoaderConfig
 from feedrate.errors import ConfigError
-from feedrate.hardware import Fingerprint, Hardware, available_memory
+from feedrate.hardware import Fingerprint, Hardware, memory_allocation
 
 log = logging.getLogger(__name__)
 
@@ -186,17 +187,19 @@ def preset_node(directory: Path, name: str, seen: tuple[str, ...] = ()) -> dict:
     return OmegaConf.to_container(merged)
 
 
-def _distance(measured_on: dict, here: Here) -> float:
-    """How far the preset's machine and workload are from this one's: a factor of two in
+def _distance(c: _Candidate) -> float:
+    """How far a preset's machine and workload are from this one's: a factor of two in
     cores counts 1, another GPU 2, each setting of the workload that differs 1."""
-    tuned = measured_on["machine"]
-    cores = abs(math.log2(max(tuned["usable_cores"], 0.5) / max(here.machine["usable_cores"], 0.5)))
-    machine = machine_differences(tuned, here.machine)
-    return (
-        cores
-        + 2 * ("GPU" in machine)
-        + len(workload_differences(measured_on["workload"], here.workload))
-    )
+    tuned, here = c.measured_on["machine"], c.here.machine
+    cores = abs(math.log2(max(tuned["usable_cores"], 0.5) / max(here["usable_cores"], 0.5)))
+    return cores + 2 * ("GPU" in c.machine) + len(c.workload)
+
+
+def _memory_here_mb() -> float:
+    """MB this machine (or the job's allocation) holds: the same on every rank of a node,
+    where the memory still free is not."""
+    allocated = memory_allocation()
+    return allocated[0] * 1024 if allocated else psutil.virtual_memory().total / 2**20
 
 
 def does_not_fit(settings: dict, measured_on: dict, has_cuda: bool) -> str | None:
@@ -204,9 +207,9 @@ def does_not_fit(settings: dict, measured_on: dict, has_cuda: bool) -> str | Non
     if settings.get("decode") == "device" and not has_cuda:
         return "it decodes on the GPU, and this machine has none"
     peak = measured_on.get("peak_pss_mb")
-    budget = available_memory() / 2**20 * 0.8
+    budget = _memory_here_mb() * 0.8
     if peak and peak > budget:
-        return f"it needed {peak:,.0f} MB, and 80% of the memory available here is {budget:,.0f} MB"
+        return f"it needed {peak:,.0f} MB, and 80% of the memory here is {budget:,.0f} MB"
     method = settings.get("multiprocessing_context")
     if method:
         import multiprocessing
@@ -216,67 +219,117 @@ def does_not_fit(settings: dict, measured_on: dict, has_cuda: bool) -> str | Non
     return None
 
 
-def pick(directory: Path, here: Here, has_cuda: bool) -> tuple[str, str]:
-    """The preset for this machine and workload, and why: one measured on both; otherwise the
-    closest that fits; otherwise ``recipe``."""
+@dataclass(frozen=True)
+class _Candidate:
+    name: str
+    measured_on: dict
+    settings: dict
+    here: Here  # this run as the preset would run it (with the preset's batch size)
+    machine: list[str]  # what differs
+    workload: list[str]
+
+
+def _candidates(directory: Path, here: Here, batch_size_asked: bool) -> list[_Candidate]:
+    """The presets of ``directory`` that say where they were measured; one that cannot be
+    read is left out, with a warning naming it."""
     found = []
     for path in sorted(directory.glob("*.yaml")):
-        measured_on = _load(path).get("measured_on")
-        if path.stem != "auto" and isinstance(measured_on, dict):
-            found.append((path.stem, measured_on))
-    same = [
-        (n, m)
-        for n, m in found
-        if here.differences(m) == ([], [])
-        and does_not_fit(preset_node(directory, n), m, has_cuda) is None
-    ]
-    if same:  # a sweep under a memory budget and one without: the faster that fits here
-        name, measured_on = max(same, key=lambda f: f[1].get("samples_per_sec") or 0)
-        rate = measured_on.get("samples_per_sec")
-        return name, (
-            f"measured on this machine and workload ({rate:,.0f} samples/s,"
-            f" {measured_on.get('date', '?')})"
-            if rate
-            else f"measured on this machine and workload ({measured_on.get('date', '?')})"
-        )
-    refused = []
-    # nearest first; at one distance, the faster
-    nearest = sorted(
-        found, key=lambda f: (_distance(f[1], here), -(f[1].get("samples_per_sec") or 0))
-    )
-    for name, measured_on in nearest:
-        why = does_not_fit(preset_node(directory, name), measured_on, has_cuda)
-        if why is None:
-            machine, workload = here.differences(measured_on)
-            differs = ", ".join([*machine, *(w.split(" ", 1)[0] for w in workload)])
-            return name, (
-                f"the closest preset that fits: tuned on {describe_machine(measured_on['machine'])}"
-                f" (differs in {differs}); tune for this machine with python train.py -m"
-                " sweep=loader"
+        if path.stem == "auto":
+            continue
+        try:
+            measured_on = _load(path).get("measured_on")
+            if measured_on is None:
+                continue  # written by hand
+            settings = preset_node(directory, path.stem)
+            mine = here
+            if "batch_size" in settings and not batch_size_asked:  # it carries its own
+                mine = Here(here.machine, {**here.workload, "batch_size": settings["batch_size"]})
+            machine, workload = mine.differences(measured_on)
+        except (yaml.YAMLError, ConfigError, KeyError, TypeError, AttributeError) as exc:
+            log.warning(
+                "loader=auto leaves out %s: its measured_on cannot be read (%s: %s)",
+                path,
+                type(exc).__name__,
+                exc,
             )
-        refused.append(f"{name}: {why}")
+            continue
+        found.append(_Candidate(path.stem, measured_on, settings, mine, machine, workload))
+    return found
+
+
+def pick(
+    directory: Path, here: Here, has_cuda: bool, batch_size_asked: bool = False
+) -> tuple[str, str]:
+    """The preset for this machine and workload, and why: the fastest measured on both that
+    fits; otherwise the closest that fits; otherwise ``recipe``."""
+    found = _candidates(directory, here, batch_size_asked)
+    fits = {c.name: does_not_fit(c.settings, c.measured_on, has_cuda) for c in found}
+    same = [c for c in found if not c.machine and not c.workload and fits[c.name] is None]
+    if same:  # a sweep under a memory budget and one without: the faster that fits here
+        best = max(same, key=lambda c: c.measured_on.get("samples_per_sec") or 0)
+        rate = best.measured_on.get("samples_per_sec")
+        figures = f"{rate:,.0f} samples/s, " if rate else ""
+        return best.name, (
+            f"measured on this machine and workload ({figures}{best.measured_on.get('date', '?')})"
+        )
+    # nearest first; at one distance, the faster
+    for c in sorted(
+        found, key=lambda c: (_distance(c), -(c.measured_on.get("samples_per_sec") or 0))
+    ):
+        if fits[c.name] is None:
+            differs = ", ".join([*c.machine, *(w.split(" ", 1)[0] for w in c.workload)])
+            tuned_on = describe_machine(c.measured_on["machine"])
+            return c.name, (
+                f"the closest preset that fits: tuned on {tuned_on} (differs in {differs});"
+                " tune for this machine with python train.py -m sweep=loader"
+            )
+    refused = [f"{n}: {why}" for n, why in fits.items() if why]
     none = "no preset was measured here" + (f"; {'; '.join(refused)}" if refused else "")
     return FALLBACK, f"{none}; tune for this machine with python train.py -m sweep=loader"
 
 
-def settle(cfg: DictConfig, directory: Path, here: Here, has_cuda: bool, name: str | None) -> str:
-    """``loader=auto`` replaced in ``cfg`` by the preset it picks (the command line's
-    ``loader.*`` keys still win), or one warning when the preset in use was measured
-    elsewhere. Returns the preset's name."""
+def settle(
+    cfg: DictConfig,
+    directory: Path,
+    here: Here,
+    has_cuda: bool,
+    name: str | None,
+    asked: set[str] | None = None,
+    say: bool = True,
+) -> tuple[str, str]:
+    """``loader=auto`` replaced in ``cfg`` by the preset it picks, with the ``loader.*`` keys
+    the command line ``asked`` for on top (None: those that differ from auto's own); or a
+    warning when the preset in use was measured elsewhere. Returns the preset's name and
+    that line (logged when ``say``); the line is empty when there is nothing to say."""
     if cfg.loader.auto:
-        name, why = pick(directory, here, has_cuda)
-        base = OmegaConf.merge(OmegaConf.structured(LoaderConfig), preset_node(directory, "auto"))
-        asked = {k: v for k, v in cfg.loader.items() if k != "auto" and v != base.get(k)}
-        picked = OmegaConf.merge(
-            OmegaConf.structured(LoaderConfig), preset_node(directory, name), asked
+        if asked is None:
+            base = OmegaConf.merge(
+                OmegaConf.structured(LoaderConfig), preset_node(directory, "auto")
+            )
+            asked = {k for k, v in cfg.loader.items() if v != base.get(k)}
+        keys = {k: cfg.loader[k] for k in asked if k in cfg.loader and k != "auto"}
+        name, why = pick(directory, here, has_cuda, "batch_size" in keys)
+        cfg.loader = OmegaConf.merge(
+            OmegaConf.structured(LoaderConfig), preset_node(directory, name), keys
         )
-        cfg.loader = picked
-        log.info("loader=auto picked loader=%s: %s", name, why)
-        return name
+        line = f"loader=auto picked loader={name}: {why}"
+        if say:
+            log.info(line)
+        return name, line
     name = name or "<preset>"
+    line = ""
     if cfg.loader.measured_on is not None:
         measured_on = OmegaConf.to_container(cfg.loader.measured_on, resolve=True)
-        warning = travel_warning(name, measured_on, here)
-        if warning:
-            log.warning(warning)
-    return name
+        line = travel_warning(name, measured_on, here) or ""
+        if line and say:
+            log.warning(line)
+    return name, line
+
+
+def preset_wait(cfg: DictConfig, here: Here) -> float | None:
+    """The data-wait share the loader preset was measured with, when it was measured on this
+    machine and workload (a reference of the drift guard); else None."""
+    if cfg.loader.measured_on is None:
+        return None
+    measured_on = OmegaConf.to_container(cfg.loader.measured_on, resolve=True)
+    return measured_on.get("data_wait_frac") if here.differences(measured_on) == ([], []) else None

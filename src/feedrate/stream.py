@@ -78,6 +78,14 @@ class GuardedStream(_Wrapper):
     that says ``handles_errors`` is handed ``on_error`` and skips them itself.
     """
 
+    def __new__(cls, dataset: IterableDataset | None = None, on_error: str = "raise"):
+        # A resumable stream's guard says its state as its own methods: torchdata's
+        # isinstance(Stateful) check looks them up statically (Python 3.12+), not through
+        # __getattr__. (No arguments when unpickled in a worker: the class is chosen already.)
+        if cls is GuardedStream and dataset is not None and is_resumable(dataset):
+            cls = _ResumableGuardedStream
+        return super().__new__(cls)
+
     def __init__(self, dataset: IterableDataset, on_error: str = "raise") -> None:
         super().__init__(dataset)
         if getattr(dataset, "handles_errors", False):
@@ -106,6 +114,14 @@ class GuardedStream(_Wrapper):
                     f" not be loaded: {type(exc).__name__}: {exc}"
                 ) from exc
             yield sample
+
+
+class _ResumableGuardedStream(GuardedStream):
+    def state_dict(self) -> dict:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.dataset.load_state_dict(state)
 
 
 class Repeated(_Wrapper):

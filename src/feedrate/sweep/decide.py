@@ -210,10 +210,17 @@ def decide(contestants: list[Contestant], budget: Budget | None = None) -> Decis
         reasons = "; ".join(
             f"{c.label}: {over[c.name] or ', '.join(c.failures) or 'no run'}" for c in contestants
         )
+        peaks = [c.peak_mb for c in contestants if c.peak_mb]
+        least = (
+            f"; the least any of them used was {min(peaks):,.0f} MB: raise"
+            " sweep.memory_budget_gb to at least that"
+            if budget and peaks
+            else ""
+        )
         raise FeedrateError(
             "no configuration ran every final run without failing"
             + (" within the memory budget" if budget else "")
-            + f", so there is nothing to decide and no preset was written ({reasons})"
+            + f", so there is nothing to decide and no preset was written ({reasons}){least}"
         )
     fastest = max(eligible, key=lambda c: c.median)
     versus = {c.name: stats.compare(c.values, fastest.values) for c in eligible}

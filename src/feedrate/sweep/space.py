@@ -216,6 +216,8 @@ def check_sweep(config: DictConfig) -> None:
         )
     if s.final_seconds <= 0:
         problems.append(f"sweep.final_seconds={s.final_seconds} must be positive")
+    if s.memory_budget_gb is not None and s.memory_budget_gb <= 0:
+        problems.append(f"sweep.memory_budget_gb={s.memory_budget_gb} must be positive, or null")
     if s.max_workers is not None and s.max_workers < 1:
         problems.append(f"sweep.max_workers={s.max_workers} must be at least 1, or null (auto)")
     unknown = [m for m in s.start_methods if m not in ("fork", "forkserver", "spawn")]

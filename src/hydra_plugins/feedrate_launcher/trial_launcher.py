@@ -89,7 +89,11 @@ class FeedrateTrialLauncher(Launcher):
             shown = " ".join(o for o in filter_overrides(overrides) if o not in fixed)
             skip = self.guard.check(sweep_config)
             if skip:
-                predicted = {"predicted_memory_mb": self.guard.predicted_mb(sweep_config)}
+                predicted = (
+                    {"predicted_memory_mb": self.guard.predicted_mb(sweep_config)}
+                    if "predicted memory" in skip  # not the shard bound
+                    else {}
+                )
                 result = TrialResult(
                     list(overrides), SKIPPED, reason=skip, metrics=predicted, job_dir=str(job_dir)
                 )
