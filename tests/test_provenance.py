@@ -58,7 +58,11 @@ def test_the_warning_names_what_differs(here):
     this = provenance.describe_machine(here.machine)
     assert f"tuned on 24 cores, 3x Example GPU X1, 96 GB RAM; this machine: {this}" in warning
     assert "model.target resnet18 -> TinyCNN" in warning
-    assert "python train.py -m sweep=loader sweep.preset_name=tuned_2core_here" in warning
+    assert "python train.py -m sweep=loader sweep.preset_name=tuned_2core_here [your" in warning
+    named = provenance.Here(here.machine, here.workload, ("dataset=photos", "model=resnet18"))
+    assert provenance.travel_warning("tuned_2core", moved, named).endswith(
+        "sweep.preset_name=tuned_2core_here dataset=photos model=resnet18"
+    )
     assert provenance.travel_warning("tuned_2core", _measured_on(here), here) is None
 
 

@@ -291,7 +291,7 @@ def _check_travel(
     except FeedrateError as exc:
         report.line("unsafe", "hardware", str(exc))
         return
-    here = provenance.Here.of(cfg, fp, hw)
+    here = provenance.Here.of(cfg, fp, hw, overrides)
     if cfg.loader.measured_on is None and not cfg.loader.auto:
         report.line(
             "info", f"loader={name}", "written by hand (no measured_on): nothing to compare"

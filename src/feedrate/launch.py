@@ -141,7 +141,7 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
         log.info("hardware fingerprint: %s", fingerprint.short())
     resolved = hardware.resolve(cfg.hardware, fingerprint)
     choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-    here = provenance.Here.of(cfg, fingerprint, resolved)
+    here = provenance.Here.of(cfg, fingerprint, resolved, _overrides())
     # loader=auto becomes the preset it picks before anything reads the loader
     provenance.settle(
         cfg,

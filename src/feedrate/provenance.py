@@ -130,10 +130,17 @@ class Here:
 
     machine: dict
     workload: dict
+    command: tuple[str, ...] = ()  # the command line's overrides that make this workload
 
     @classmethod
-    def of(cls, cfg: DictConfig, fp: Fingerprint, hw: Hardware) -> Here:
-        return cls(machine_facts(fp), workload_facts(cfg, precision(hw.amp_dtype)))
+    def of(cls, cfg: DictConfig, fp: Fingerprint, hw: Hardware, overrides=()) -> Here:
+        # not the loader (the sweep searches it), nor how long this run trains (the sweep's
+        # trials set their own), nor where it writes
+        own = ("loader=", "loader.", "+loader.", "hydra.", "sweep", "trainer.")
+        command = tuple(
+            o for o in overrides if not o.startswith(own) or o.startswith("trainer.measure=")
+        )
+        return cls(machine_facts(fp), workload_facts(cfg, precision(hw.amp_dtype)), command)
 
     def differences(self, measured_on: dict) -> tuple[list[str], list[str]]:
         return (
@@ -159,8 +166,8 @@ def travel_warning(name: str, measured_on: dict, here: Here) -> str | None:
     return (
         f"loader={name} was measured elsewhere: {'; '.join(parts)}. Its settings may be wrong"
         f" here; tune for this machine and workload: python train.py -m sweep=loader"
-        f" sweep.preset_name={name}_here <your overrides>"
-    )
+        f" sweep.preset_name={name}_here {' '.join(here.command) or '[your overrides]'}"
+    ).rstrip()
 
 
 # ---------------------------------------------------------------------------------------------
