@@ -297,13 +297,12 @@ def _check_travel(
             "info", f"loader={name}", "written by hand (no measured_on): nothing to compare"
         )
         return
-    keys = (o.split("=", 1)[0].lstrip("+~") for o in overrides)
-    asked = {k.split(".")[1] for k in keys if k.startswith("loader.")}
+    asked = provenance.asked_loader_keys(overrides)
     auto = bool(cfg.loader.auto)  # then the picked preset is what the later checks look at
     directory = default_config_dir() / "loader"
     picked, line = provenance.settle(cfg, directory, here, hw.is_cuda, name, asked, say=False)
     if auto:
-        report.line("info", "loader=auto", line.replace("loader=auto picked", "picks") + " here")
+        report.line("info", "loader=auto", line.replace("loader=auto picked", "picks"))
     else:
         text = line or "measured on this machine and workload"
         report.line("warn" if line else "ok", f"loader={picked}", text)

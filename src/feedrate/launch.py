@@ -37,6 +37,7 @@ from feedrate.loader import skipped_samples
 from feedrate.metrics import finite, format_summary, summarise
 from feedrate.monitor import ResourceMonitor
 from feedrate.stream import is_resumable, is_stream, length
+from feedrate.sweep.trial import primary_config_dir
 from feedrate.trainer import Checkpoints, TrainResult, planned_steps, train
 from feedrate.workload import Workload, build, evaluate_held_out
 
@@ -72,21 +73,10 @@ def compose(
         return hydra_compose(config_name=config_name, overrides=list(overrides or []))
 
 
-def _asked_loader_keys() -> set[str] | None:
-    """The ``loader.*`` keys the command line set (None outside a Hydra app)."""
-    if not HydraConfig.initialized():
-        return None
-    keys = (o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task)
-    return {k.split(".")[1] for k in keys if k.startswith("loader.")}
-
-
 def _config_dir() -> Path:
     """The run's conf/: Hydra's primary config source, else :func:`default_config_dir`."""
-    if HydraConfig.initialized():
-        for source in HydraConfig.get().runtime.config_sources:
-            if source.provider == "main" and source.schema == "file":
-                return Path(source.path)
-    return default_config_dir()
+    found = primary_config_dir(HydraConfig.get()) if HydraConfig.initialized() else None
+    return found or default_config_dir()
 
 
 def _output_dir(output_dir: str | os.PathLike | None) -> Path:
@@ -149,7 +139,8 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
         here,
         resolved.is_cuda,
         choices.get("loader"),
-        asked=_asked_loader_keys(),
+        # None outside a Hydra app: then the keys that differ from auto's own
+        asked=provenance.asked_loader_keys(_overrides()) if HydraConfig.initialized() else None,
         say=ranks.is_main,
     )
     validate(cfg)

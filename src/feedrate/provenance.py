@@ -209,12 +209,12 @@ def _memory_here_mb() -> float:
     return allocated[0] * 1024 if allocated else psutil.virtual_memory().total / 2**20
 
 
-def does_not_fit(settings: dict, measured_on: dict, has_cuda: bool) -> str | None:
-    """Why a preset's settings cannot run here, or None."""
+def does_not_fit(settings: dict, measured_on: dict, has_cuda: bool, memory_mb: float) -> str | None:
+    """Why a preset's settings cannot run here (``memory_mb``: :func:`_memory_here_mb`)."""
     if settings.get("decode") == "device" and not has_cuda:
         return "it decodes on the GPU, and this machine has none"
     peak = measured_on.get("peak_pss_mb")
-    budget = _memory_here_mb() * 0.8
+    budget = memory_mb * 0.8
     if peak and peak > budget:
         return f"it needed {peak:,.0f} MB, and 80% of the memory here is {budget:,.0f} MB"
     method = settings.get("multiprocessing_context")
@@ -270,7 +270,8 @@ def pick(
     """The preset for this machine and workload, and why: the fastest measured on both that
     fits; otherwise the closest that fits; otherwise ``recipe``."""
     found = _candidates(directory, here, batch_size_asked)
-    fits = {c.name: does_not_fit(c.settings, c.measured_on, has_cuda) for c in found}
+    memory_mb = _memory_here_mb()
+    fits = {c.name: does_not_fit(c.settings, c.measured_on, has_cuda, memory_mb) for c in found}
     same = [c for c in found if not c.machine and not c.workload and fits[c.name] is None]
     if same:  # a sweep under a memory budget and one without: the faster that fits here
         best = max(same, key=lambda c: c.measured_on.get("samples_per_sec") or 0)
@@ -293,6 +294,12 @@ def pick(
     refused = [f"{n}: {why}" for n, why in fits.items() if why]
     none = "no preset was measured here" + (f"; {'; '.join(refused)}" if refused else "")
     return FALLBACK, f"{none}; tune for this machine with python train.py -m sweep=loader"
+
+
+def asked_loader_keys(overrides) -> set[str]:
+    """The ``loader.*`` keys a command line's ``overrides`` set."""
+    keys = (o.split("=", 1)[0].lstrip("+~") for o in overrides)
+    return {k.split(".")[1] for k in keys if k.startswith("loader.")}
 
 
 def settle(

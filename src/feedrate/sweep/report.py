@@ -173,6 +173,19 @@ def write_markdown(
     atomic_write_text(path, "\n".join(lines))
 
 
+def _finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str, legend=True) -> None:
+    """Labels, grid and legend, then the PNG written and the figure closed."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    if legend:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_all(sweep_dir: Path, table: list[dict], contestants, decision, budget=None) -> None:
     _plot_workers(sweep_dir / "samples_vs_workers.png", table)
     _plot_search(sweep_dir / "trials_over_time.png", table)
@@ -235,14 +248,14 @@ def _plot_memory(path: Path, table: list[dict], decision, budget) -> None:
             color="tab:green",
             label=f"chosen: {winner.label} (medians of its runs)",
         )
-    ax.set_xlabel("peak memory, MB (PSS of the training process and its workers)")
-    ax.set_ylabel("samples/s")
-    ax.set_title("Throughput against memory (every measured run)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(
+        fig,
+        ax,
+        path,
+        "peak memory, MB (PSS of the training process and its workers)",
+        "samples/s",
+        "Throughput against memory (every measured run)",
+    )
 
 
 def _plot_workers(path: Path, table: list[dict]) -> None:
@@ -268,15 +281,15 @@ def _plot_workers(path: Path, table: list[dict]) -> None:
     )
     ax.set_xticks([t for t in ticks if t <= max(top, 1) * 2])
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.set_xlabel("num_workers")
-    ax.set_ylabel("samples/s")
-    ax.set_title("Throughput against workers (every measured trial)")
-    ax.grid(True, alpha=0.3)
-    if series:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(
+        fig,
+        ax,
+        path,
+        "num_workers",
+        "samples/s",
+        "Throughput against workers (every measured trial)",
+        legend=bool(series),
+    )
 
 
 def _plot_search(path: Path, table: list[dict]) -> None:
@@ -297,14 +310,7 @@ def _plot_search(path: Path, table: list[dict]) -> None:
     ax.step(range(len(bests)), bests, where="post", label="best so far")
     if fails:
         ax.plot(fails, [0] * len(fails), "x", color="red", label="failed / skipped")
-    ax.set_xlabel("trial")
-    ax.set_ylabel("samples/s")
-    ax.set_title("Search trials over time")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, ax, path, "trial", "samples/s", "Search trials over time")
 
 
 def _plot_final(path: Path, contestants, decision) -> None:

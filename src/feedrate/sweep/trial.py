@@ -240,11 +240,19 @@ def _run_once(
     return result
 
 
-def conf_dir(config: DictConfig) -> Path:
-    for source in config.hydra.runtime.config_sources:
+def primary_config_dir(hydra: DictConfig) -> Path | None:
+    """The conf/ a Hydra app composed from (``hydra`` is the run's ``hydra`` node)."""
+    for source in hydra.runtime.config_sources:
         if source.provider == "main" and source.schema == "file":
             return Path(source.path)
-    raise ConfigError("cannot find the config directory to write the preset into")
+    return None
+
+
+def conf_dir(config: DictConfig) -> Path:
+    found = primary_config_dir(config.hydra)
+    if found is None:
+        raise ConfigError("cannot find the config directory to write the preset into")
+    return found
 
 
 def base_args(config: DictConfig) -> list[str]:
