@@ -269,6 +269,9 @@ def _train_guarded(
             )
         except Exception as exc:
             _raise_named(exc, work, monitor)
+        except KeyboardInterrupt:  # a second Ctrl-C stops at once, but leaves no worker behind
+            work.loader.end_workers()
+            raise
         skipped = skipped_samples(work.loader)
         work.loader.end_workers()  # persistent ones too: inside the monitored window
     if skipped:
@@ -304,12 +307,14 @@ def _checkpoints(run: Run, work: Workload) -> Checkpoints:
 def _raise_named(exc: Exception, work: Workload, monitor: ResourceMonitor) -> NoReturn:
     """Raise ``exc`` as the failure it is (a worker killed, out of memory, /dev/shm full...)
     when the diagnosis can name one."""
+    # The workers end first: a dead one's SIGCHLD would raise again inside this handler, and a
+    # live one left to the interpreter's exit would be terminated there, under PyTorch's SIGCHLD
+    # handler, which then prints a traceback (persistent workers outlive the iteration).
+    context = work.context
+    context.worker_exit_codes = work.loader.end_workers()
     if isinstance(exc, (Interrupted, LoaderFailure)):  # they name their cause already
         traceback.clear_frames(exc.__traceback__)  # frames hold the workers' iterator
         raise exc
-    # The workers end first: a dead one's SIGCHLD would raise again inside this handler
-    context = work.context
-    context.worker_exit_codes = work.loader.end_workers()
     if monitor.tripped:  # the guard ended the workers: that is the cause
         raise LoaderFailure(monitor.tripped) from exc
     monitor.sample()
