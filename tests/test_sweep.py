@@ -275,12 +275,13 @@ def test_guard_skips_what_would_not_fit():
     guard.learn(cfg, result)
     assert guard.footprint == Footprint(600.0, 100.0, 150528)
     assert predict(cfg.loader, guard.footprint) == (1000.0, pytest.approx(73.5))
-    reason = guard.check(cfg)
-    assert "predicted shared memory 74 MB" in reason and "--shm-size" in reason
+    skip = guard.check(cfg)
+    assert "predicted shared memory 74 MB" in skip.reason and "--shm-size" in skip.reason
+    assert skip.predicted_mb == pytest.approx(1000.0), "drawn at the PSS it would use"
     big = OmegaConf.create(
         {"loader": {"num_workers": 48, "prefetch_factor": None, "batch_size": 1}}
     )
-    assert "predicted memory 5,414 MB" in guard.check(big)
+    assert "predicted memory 5,414 MB" in guard.check(big).reason
 
 
 def test_a_stream_bounds_the_workers_by_its_shards(monkeypatch):
@@ -292,11 +293,12 @@ def test_a_stream_bounds_the_workers_by_its_shards(monkeypatch):
     wide = OmegaConf.create(
         {"dataset": stream, "loader": {"num_workers": 16, "prefetch_factor": 2, "batch_size": 8}}
     )
-    reason = FeasibilityGuard().check(wide)
+    skip = FeasibilityGuard().check(wide)
     assert (
-        reason.startswith("16 workers for a stream of 12 shards")
-        and "4 workers would read" in reason
+        skip.reason.startswith("16 workers for a stream of 12 shards")
+        and "4 workers would read" in skip.reason
     )
+    assert skip.predicted_mb is None, "not a memory reason: the report draws no point for it"
 
 
 def test_guard_counts_shared_memory_as_ram():
@@ -307,9 +309,9 @@ def test_guard_counts_shared_memory_as_ram():
     cfg = OmegaConf.create({"loader": {"num_workers": 4, "prefetch_factor": 2, "batch_size": 400}})
     memory, shm = predict(cfg.loader, guard.footprint)
     assert memory < 4000 and shm < 4000, "each alone fits its budget"
-    reason = guard.check(cfg)
-    assert reason is not None and "predicted memory 4,200 MB" in reason
-    assert "3,200 MB of batches in /dev/shm, which is RAM" in reason
+    skip = guard.check(cfg)
+    assert skip is not None and "predicted memory 4,200 MB" in skip.reason
+    assert "3,200 MB of batches in /dev/shm, which is RAM" in skip.reason
 
 
 def test_a_memory_budget_comes_from_the_sweep_or_the_allocation(monkeypatch):
@@ -330,8 +332,9 @@ def test_guard_skips_what_is_predicted_over_the_memory_budget():
     fits = OmegaConf.create({"loader": {"num_workers": 3, "prefetch_factor": 2, "batch_size": 8}})
     assert guard.check(fits) is None
     over = OmegaConf.create({"loader": {"num_workers": 5, "prefetch_factor": 2, "batch_size": 8}})
-    assert "predicted memory 1,100 MB" in guard.check(over)
-    assert "exceeds the memory budget 1,000 MB (sweep.memory_budget_gb=0.98)" in guard.check(over)
+    skip = guard.check(over)
+    assert "predicted memory 1,100 MB" in skip.reason and skip.predicted_mb == 1100.0
+    assert "exceeds the memory budget 1,000 MB (sweep.memory_budget_gb=0.98)" in skip.reason
 
 
 def test_the_fastest_over_the_memory_budget_cannot_win():

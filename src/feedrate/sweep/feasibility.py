@@ -66,6 +66,15 @@ def memory_budget(config: DictConfig) -> Budget | None:
     return Budget(allocated[0] * 1024, allocated[1]) if allocated else None
 
 
+@dataclass(frozen=True)
+class Skip:
+    """Why a configuration should not run, and the memory it was predicted to need (None
+    when the reason is not memory: a stream's shard bound)."""
+
+    reason: str
+    predicted_mb: float | None = None  # the PSS it would peak at, as a budget compares
+
+
 class FeasibilityGuard:
     def __init__(self, budget_frac: float = 0.8, budget: Budget | None = None) -> None:
         self.budget_frac = budget_frac
@@ -90,16 +99,11 @@ class FeasibilityGuard:
         fp.sample_bytes = max(fp.sample_bytes, m.get("run", {}).get("sample_bytes", 0))
         self.learned = True
 
-    def predicted_mb(self, cfg: DictConfig) -> float | None:
-        """The PSS ``cfg`` is predicted to peak at (what a budget is compared with); None
-        before any trial taught the footprint."""
-        return predict(cfg.loader, self.footprint)[0] if self.learned else None
-
-    def check(self, cfg: DictConfig) -> str | None:
+    def check(self, cfg: DictConfig) -> Skip | None:
         """Why ``cfg`` should not run (None when it fits, or nothing is known yet)."""
         shards = (cfg.get("dataset") or {}).get("n_shards")
         if shards and cfg.loader.num_workers > shards:
-            return (
+            return Skip(
                 f"{cfg.loader.num_workers} workers for a stream of {shards} shards: it splits by"
                 f" shard, so {cfg.loader.num_workers - shards} workers would read nothing and"
                 " only cost memory and start-up"
@@ -108,24 +112,27 @@ class FeasibilityGuard:
             return None
         memory, shm = predict(cfg.loader, self.footprint)
         if self.budget is not None and memory > self.budget.mb:
-            return (
+            return Skip(
                 f"predicted memory {memory:,.0f} MB (main {self.footprint.main_mb:,.0f} MB"
                 f" + {cfg.loader.num_workers} workers x {self.footprint.per_worker_mb:,.0f} MB)"
-                f" exceeds the memory budget {self.budget}"
+                f" exceeds the memory budget {self.budget}",
+                memory,
             )
         # /dev/shm is tmpfs: the batches in flight live in RAM beside the processes
         if memory + shm > self.ram_budget_mb:
-            return (
+            return Skip(
                 f"predicted memory {memory + shm:,.0f} MB (main {self.footprint.main_mb:,.0f} MB"
                 f" + {cfg.loader.num_workers} workers x {self.footprint.per_worker_mb:,.0f} MB"
                 f" + {shm:,.0f} MB of batches in /dev/shm, which is RAM) exceeds the budget"
-                f" {self.ram_budget_mb:,.0f} MB ({self.budget_frac:.0%} of available RAM)"
+                f" {self.ram_budget_mb:,.0f} MB ({self.budget_frac:.0%} of available RAM)",
+                memory,
             )
         if shm > self.shm_budget_mb:
-            return (
+            return Skip(
                 f"predicted shared memory {shm:,.0f} MB ({cfg.loader.num_workers} workers x"
                 f" prefetch {cfg.loader.prefetch_factor or 2} x batch of {cfg.loader.batch_size})"
                 f" exceeds the budget {self.shm_budget_mb:,.0f} MB"
-                f" ({self.budget_frac:.0%} of free /dev/shm; raise it with docker --shm-size)"
+                f" ({self.budget_frac:.0%} of free /dev/shm; raise it with docker --shm-size)",
+                memory,
             )
         return None

@@ -89,13 +89,15 @@ class FeedrateTrialLauncher(Launcher):
             shown = " ".join(o for o in filter_overrides(overrides) if o not in fixed)
             skip = self.guard.check(sweep_config)
             if skip:
-                predicted = (
-                    {"predicted_memory_mb": self.guard.predicted_mb(sweep_config)}
-                    if "predicted memory" in skip  # not the shard bound
-                    else {}
+                predicted = (  # the report draws it at the memory it would have used
+                    {"predicted_memory_mb": skip.predicted_mb} if skip.predicted_mb else {}
                 )
                 result = TrialResult(
-                    list(overrides), SKIPPED, reason=skip, metrics=predicted, job_dir=str(job_dir)
+                    list(overrides),
+                    SKIPPED,
+                    reason=skip.reason,
+                    metrics=predicted,
+                    job_dir=str(job_dir),
                 )
                 job_dir.mkdir(parents=True, exist_ok=True)
                 result.save()
