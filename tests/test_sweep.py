@@ -719,6 +719,18 @@ def test_hand_written_preset_stops_the_sweep_before_any_trial(project):
     assert not list((project / "multirun" / "0").glob("[0-9]*")), "a trial ran"
 
 
+SHRUNK_LR_SWEEP = (
+    "dataset=synthetic",
+    "dataset.n_samples=400",
+    "dataset.image_size=16",
+    "model.width=4",
+    "loader.batch_size=16",
+    "trainer.max_steps=12",
+    "trainer.warmup_steps=2",
+    "trainer.window_steps=2",
+)
+
+
 @pytest.mark.slow
 def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(project):
     proc = subprocess.run(
@@ -727,14 +739,7 @@ def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(project):
             "train.py",
             "-m",
             "sweep=lr",
-            "dataset=synthetic",
-            "dataset.n_samples=400",
-            "dataset.image_size=16",
-            "model.width=4",
-            "loader.batch_size=16",
-            "trainer.max_steps=12",
-            "trainer.warmup_steps=2",
-            "trainer.window_steps=2",
+            *SHRUNK_LR_SWEEP,
             "hydra.sweeper.n_trials=2",
             f"hydra.sweep.dir={project}/lr",
         ],
@@ -747,6 +752,34 @@ def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(project):
     best = OmegaConf.load(project / "lr" / "optimization_results.yaml")
     assert 0.0 <= best.best_value <= 1.0 and "trainer.lr" in best.best_params
     assert not list((project / "conf" / "loader").glob("tuned_*")), "sweep=lr wrote a preset"
+
+
+@pytest.mark.slow
+def test_trials_the_guard_skips_do_not_count_against_n_trials(project):
+    """A skipped trial measures nothing, so the sweeper asks for another; at most n_trials
+    more, for a guard that skips everything."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "sweep=lr",
+            *SHRUNK_LR_SWEEP,
+            "hydra.sweeper.n_trials=2",
+            # nothing fits once the first trial taught the guard the footprint
+            "hydra.launcher.memory_budget_frac=1e-6",
+            f"hydra.sweep.dir={project}/lr",
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    statuses = [json.loads(f.read_text())["status"] for f in (project / "lr").glob("*/trial.json")]
+    assert sorted(statuses) == ["ok", "skipped", "skipped", "skipped"], out[-3000:]
+    assert "1 of 2 trials run; 3 more were skipped by the feasibility guard" in out
 
 
 def test_fixing_a_searched_key_is_refused_before_any_trial(project):

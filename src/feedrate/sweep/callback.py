@@ -164,8 +164,8 @@ class LoaderSweep(Callback):
         self._phases.done("ceilings")
         log.info(
             "loader sweep: study %s (%s), %d earlier trials; up to %d new trials, one at a time,"
-            " each in a fresh process (limit %g s); then %d finalists and the baselines measured"
-            " %d times; preset -> %s",
+            " each in a fresh process (limit %g s; one the guard skips is replaced); then %d"
+            " finalists and the baselines measured %d times; preset -> %s",
             sweeper.study_name,
             sweeper.storage,
             earlier,

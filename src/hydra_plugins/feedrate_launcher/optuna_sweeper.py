@@ -34,29 +34,39 @@ class FeedrateOptunaSweeper(OptunaSweeper):
     def sweep(self, arguments: list[str]) -> None:
         import optuna
 
+        impl = self.sweeper  # the plugin keeps its settings on its implementation
+        # A trial the launcher's guard skips (predicted not to fit) measures nothing: it does
+        # not count against n_trials. The plugin's loop counts asks, so it may ask up to twice
+        # as many, and the search ends once n_trials were run.
+        wanted = impl.n_trials
+        impl.n_trials = 2 * wanted
         # The trials this sweep asks for, so Ctrl-C fails its own and never another sweep's
         # on a shared storage.
         asked: set[int] = set()
         ask = optuna.study.Study.ask
 
         def ask_and_remember(study, *args, **kwargs):
-            reason = getattr(self.sweeper.launcher, "stop_reason", None)
+            launcher = impl.launcher
+            reason = getattr(launcher, "stop_reason", None)
             if reason:  # a trial reached the ceiling: no more trials (see the launcher)
                 raise _SearchDone(reason)
+            if len(asked) - getattr(launcher, "skipped", 0) >= wanted:
+                raise _SearchDone(None)
             trial = ask(study, *args, **kwargs)
             asked.add(trial._trial_id)
             return trial
 
         optuna.study.Study.ask = ask_and_remember
         try:
-            return super().sweep(arguments)
+            super().sweep(arguments)
         except _SearchDone:
-            _write_results(self.sweeper)
-            return None
+            try:
+                _write_results(impl)
+            except ValueError:  # no trial of the study completed
+                log.error("no trial of the study completed")
         except KeyboardInterrupt:
             from feedrate.sweep.study import fail_unfinished
 
-            impl = self.sweeper  # the plugin keeps its settings on its implementation
             study = optuna.load_study(study_name=impl.study_name, storage=impl.storage)
             marked = fail_unfinished(
                 study, "interrupted (Ctrl-C) before the trial finished", only=asked
@@ -75,6 +85,15 @@ class FeedrateOptunaSweeper(OptunaSweeper):
             if not any(m in str(exc) for m in ("No trials are completed", "Record does not exist")):
                 raise
             log.error("no trial of the study completed")
-            return None
         finally:
             optuna.study.Study.ask = ask
+            impl.n_trials = wanted
+        skipped = getattr(impl.launcher, "skipped", 0)
+        if skipped:
+            log.info(
+                "%d of %d trials run; %d more were skipped by the feasibility guard (predicted"
+                " not to fit) and did not count against hydra.sweeper.n_trials",
+                len(asked) - skipped,
+                wanted,
+                skipped,
+            )
