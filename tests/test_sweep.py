@@ -780,6 +780,15 @@ def test_trials_the_guard_skips_do_not_count_against_n_trials(project):
     statuses = [json.loads(f.read_text())["status"] for f in (project / "lr").glob("*/trial.json")]
     assert sorted(statuses) == ["ok", "skipped", "skipped", "skipped"], out[-3000:]
     assert "1 of 2 trials run; 3 more were skipped by the feasibility guard" in out
+    # pruned, not failed: TPE ranks a pruned trial below every completed one and moves away
+    (db,) = (project / "outputs" / "sweeps").glob("lr-*.db")
+    with sqlite3.connect(db) as con:
+        states = con.execute("select state from trials order by number").fetchall()
+        reasons = con.execute(
+            "select value_json from trial_user_attributes where key = 'reason'"
+        ).fetchall()
+    assert [s for (s,) in states] == ["COMPLETE", "PRUNED", "PRUNED", "PRUNED"]
+    assert len(reasons) == 3 and all("skipped: predicted memory" in r for (r,) in reasons)
 
 
 def test_fixing_a_searched_key_is_refused_before_any_trial(project):

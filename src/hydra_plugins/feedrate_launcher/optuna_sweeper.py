@@ -33,6 +33,9 @@ def _write_results(impl) -> None:
 class FeedrateOptunaSweeper(OptunaSweeper):
     def sweep(self, arguments: list[str]) -> None:
         import optuna
+        from optuna.trial import TrialState
+
+        from feedrate.sweep.study import REASON_KEY
 
         impl = self.sweeper  # the plugin keeps its settings on its implementation
         # A trial the launcher's guard skips (predicted not to fit) measures nothing: it does
@@ -40,23 +43,38 @@ class FeedrateOptunaSweeper(OptunaSweeper):
         # as many, and the search ends once n_trials were run.
         wanted = impl.n_trials
         impl.n_trials = 2 * wanted
-        # The trials this sweep asks for, so Ctrl-C fails its own and never another sweep's
-        # on a shared storage.
-        asked: set[int] = set()
-        ask = optuna.study.Study.ask
+        # The trials this sweep asks for (trial id -> job index), so Ctrl-C fails its own and
+        # never another sweep's on a shared storage, and a skipped job's trial is known.
+        asked: dict[int, int] = {}
+        ask, tell = optuna.study.Study.ask, optuna.study.Study.tell
+
+        def skips() -> dict[int, str]:
+            return getattr(impl.launcher, "skips", {})  # job index -> the guard's reason
 
         def ask_and_remember(study, *args, **kwargs):
-            launcher = impl.launcher
-            reason = getattr(launcher, "stop_reason", None)
+            reason = getattr(impl.launcher, "stop_reason", None)
             if reason:  # a trial reached the ceiling: no more trials (see the launcher)
                 raise _SearchDone(reason)
-            if len(asked) - getattr(launcher, "skipped", 0) >= wanted:
+            if len(asked) - len(skips()) >= wanted:
                 raise _SearchDone(None)
             trial = ask(study, *args, **kwargs)
-            asked.add(trial._trial_id)
+            # jobs are numbered from impl.job_idx on, in the order their trials were asked
+            start = impl.job_idx
+            asked[trial._trial_id] = start + sum(job >= start for job in asked.values())
             return trial
 
+        def tell_skipped_as_pruned(study, trial, values=None, state=TrialState.COMPLETE):
+            # TPE learns nothing from a failed trial and proposes the same region again; a
+            # pruned one without intermediate values ranks below every completed one.
+            if isinstance(trial, optuna.trial.Trial) and state == TrialState.FAIL:
+                reason = skips().get(asked.get(trial._trial_id, -1))
+                if reason is not None:
+                    trial.set_user_attr(REASON_KEY, f"skipped: {reason}")
+                    state = TrialState.PRUNED
+            return tell(study, trial, values=values, state=state)
+
         optuna.study.Study.ask = ask_and_remember
+        optuna.study.Study.tell = tell_skipped_as_pruned
         try:
             super().sweep(arguments)
         except _SearchDone:
@@ -86,13 +104,14 @@ class FeedrateOptunaSweeper(OptunaSweeper):
                 raise
             log.error("no trial of the study completed")
         finally:
-            optuna.study.Study.ask = ask
+            optuna.study.Study.ask, optuna.study.Study.tell = ask, tell
             impl.n_trials = wanted
-        skipped = getattr(impl.launcher, "skipped", 0)
+        skipped = len(skips())
         if skipped:
             log.info(
                 "%d of %d trials run; %d more were skipped by the feasibility guard (predicted"
-                " not to fit) and did not count against hydra.sweeper.n_trials",
+                " not to fit; pruned for Optuna) and did not count against"
+                " hydra.sweeper.n_trials",
                 len(asked) - skipped,
                 wanted,
                 skipped,

@@ -50,7 +50,8 @@ class FeedrateTrialLauncher(Launcher):
         self.stop_reason: str | None = None
         self._ceiling = None
         self._ceiling_read = False
-        self.skipped = 0  # trials the guard skipped: the sweeper asks for others instead
+        # job index -> why the guard skipped it: the sweeper asks for another trial instead
+        self.skips: dict[int, str] = {}
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -90,7 +91,7 @@ class FeedrateTrialLauncher(Launcher):
             shown = " ".join(o for o in filter_overrides(overrides) if o not in fixed)
             skip = self.guard.check(sweep_config)
             if skip:
-                self.skipped += 1
+                self.skips[idx] = skip.reason
                 predicted = (  # the report draws it at the memory it would have used
                     {"predicted_memory_mb": skip.predicted_mb} if skip.predicted_mb else {}
                 )
