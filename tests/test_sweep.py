@@ -732,7 +732,16 @@ SHRUNK_LR_SWEEP = (
 
 
 @pytest.mark.slow
-def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(project):
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ["hydra.sweeper.n_trials=2"],
+        # batches of two asked at once, the last one short; a study held in memory only
+        ["hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=2", "hydra.sweeper.storage=null"],
+    ],
+    ids=["sqlite", "in-memory-in-batches"],
+)
+def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(project, setting):
     proc = subprocess.run(
         [
             sys.executable,
@@ -740,7 +749,7 @@ def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(project):
             "-m",
             "sweep=lr",
             *SHRUNK_LR_SWEEP,
-            "hydra.sweeper.n_trials=2",
+            *setting,
             f"hydra.sweep.dir={project}/lr",
         ],
         cwd=project,
@@ -748,9 +757,14 @@ def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(project):
         text=True,
         timeout=600,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
     best = OmegaConf.load(project / "lr" / "optimization_results.yaml")
     assert 0.0 <= best.best_value <= 1.0 and "trainer.lr" in best.best_params
+    assert f"Best value: {best.best_value}" in out
+    n_trials = int(setting[0].split("=")[1])
+    statuses = [json.loads(f.read_text())["status"] for f in (project / "lr").glob("*/trial.json")]
+    assert statuses == ["ok"] * n_trials, "every trial asked ran"
     assert not list((project / "conf" / "loader").glob("tuned_*")), "sweep=lr wrote a preset"
 
 
