@@ -731,6 +731,34 @@ SHRUNK_LR_SWEEP = (
 )
 
 
+def _lr_sweep(project: Path, *args: str) -> str:
+    """``train.py -m sweep=lr`` over the shrunk workload in ``project/lr``; its output."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "sweep=lr",
+            *SHRUNK_LR_SWEEP,
+            *args,
+            f"hydra.sweep.dir={project}/lr",
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def _trial_statuses(sweep_dir: Path) -> list[str]:
+    """Each job's status (trial.json), in job order."""
+    jobs = sorted(sweep_dir.glob("*/trial.json"), key=lambda f: int(f.parent.name))
+    return [json.loads(f.read_text())["status"] for f in jobs]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "setting",
@@ -742,29 +770,12 @@ SHRUNK_LR_SWEEP = (
     ids=["sqlite", "in-memory-in-batches"],
 )
 def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(project, setting):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "-m",
-            "sweep=lr",
-            *SHRUNK_LR_SWEEP,
-            *setting,
-            f"hydra.sweep.dir={project}/lr",
-        ],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
+    out = _lr_sweep(project, *setting)
     best = OmegaConf.load(project / "lr" / "optimization_results.yaml")
     assert 0.0 <= best.best_value <= 1.0 and "trainer.lr" in best.best_params
     assert f"Best value: {best.best_value}" in out
     n_trials = int(setting[0].split("=")[1])
-    statuses = [json.loads(f.read_text())["status"] for f in (project / "lr").glob("*/trial.json")]
-    assert statuses == ["ok"] * n_trials, "every trial asked ran"
+    assert _trial_statuses(project / "lr") == ["ok"] * n_trials, "every trial asked ran"
     assert not list((project / "conf" / "loader").glob("tuned_*")), "sweep=lr wrote a preset"
 
 
@@ -772,27 +783,14 @@ def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(project, se
 def test_trials_the_guard_skips_do_not_count_against_n_trials(project):
     """A skipped trial measures nothing, so the sweeper asks for another; at most n_trials
     more, for a guard that skips everything."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "-m",
-            "sweep=lr",
-            *SHRUNK_LR_SWEEP,
-            "hydra.sweeper.n_trials=2",
-            # nothing fits once the first trial taught the guard the footprint
-            "hydra.launcher.memory_budget_frac=1e-6",
-            f"hydra.sweep.dir={project}/lr",
-        ],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    out = _lr_sweep(
+        project,
+        "hydra.sweeper.n_trials=2",
+        # nothing fits once the first trial taught the guard the footprint
+        "hydra.launcher.memory_budget_frac=1e-6",
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
-    statuses = [json.loads(f.read_text())["status"] for f in (project / "lr").glob("*/trial.json")]
-    assert sorted(statuses) == ["ok", "skipped", "skipped", "skipped"], out[-3000:]
+    statuses = _trial_statuses(project / "lr")
+    assert statuses == ["ok", "skipped", "skipped", "skipped"], out[-3000:]
     assert "1 of 2 trials run; 3 more were skipped by the feasibility guard" in out
     # pruned, not failed: TPE ranks a pruned trial below every completed one and moves away
     (db,) = (project / "outputs" / "sweeps").glob("lr-*.db")
