@@ -24,12 +24,18 @@ class Clock:
 class Monitor:
     def __init__(self) -> None:
         self.windows = 0
+        self.measuring = False
+        self.samples: list[bool] = []  # for each full memory reading: inside the window?
 
     def start_cpu_window(self) -> None:
         self.windows += 1
+        self.measuring = True
 
     def end_cpu_window(self) -> None:
-        pass
+        self.measuring = False
+
+    def sample(self) -> None:
+        self.samples.append(self.measuring)
 
 
 def trainer(**over):

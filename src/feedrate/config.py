@@ -291,7 +291,11 @@ class SweepConfig:
     tune_batch_size: bool = False  # off: batch size changes training, not just loading
     batch_sizes: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
     finalists: int = 2  # best candidates re-measured against the baselines
-    final_rounds: int = 5  # alternating re-measurements of each finalist and baseline
+    # Alternating re-measurements of each finalist and baseline: at most final_rounds; after
+    # 3, no more once every contestant is significantly slower than another or within
+    # `equivalence` of the fastest (more rounds could not change the choice by more).
+    final_rounds: int = 6
+    equivalence: float = 0.03
     final_seconds: float = 3.0  # measured window of each final run, after its warm-up
     # Before searching, loader-only and compute-only are measured; the search stops when a
     # trial reaches (1 - stop_within) of the ceiling they make. false: search every trial.

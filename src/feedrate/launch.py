@@ -39,9 +39,10 @@ from feedrate.monitor import ResourceMonitor
 from feedrate.stream import is_resumable, is_stream, length
 from feedrate.sweep.trial import primary_config_dir
 from feedrate.trainer import Checkpoints, TrainResult, planned_steps, train
-from feedrate.workload import Workload, build, evaluate_held_out
+from feedrate.workload import Kept, Workload, build, evaluate_held_out
 
 log = logging.getLogger("feedrate")
+_DEFAULT_THREADS = torch.get_num_threads()  # PyTorch's choice for this process, at start
 
 
 def default_config_dir() -> Path:
@@ -105,15 +106,17 @@ class Run:
         return checkpoint.checkpoint_path(self.out, self.cfg.trainer)
 
 
-def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
+def run(
+    cfg: DictConfig, output_dir: str | os.PathLike | None = None, kept: Kept | None = None
+) -> dict:
     """Build, train and measure as ``cfg`` says; write metrics.json; return the metrics.
 
     Under ``torchrun`` every rank runs this; rank 0 writes the outputs (see
-    :mod:`feedrate.distributed`).
+    :mod:`feedrate.distributed`). ``kept``: a warm trial host's dataset and model.
     """
     with _opened(cfg, output_dir) as this:
         saved = _checkpoint_to_continue(this)
-        work = build(cfg, this.hw, this.ranks)
+        work = build(cfg, this.hw, this.ranks, kept)
         resume = _restore(this, work, saved)
         _write_environment(this)
         result, monitor, skipped = _train_guarded(this, work, resume)
@@ -156,9 +159,8 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
         # The preset's share of the machine for training (split between the ranks on it, as
         # its workers are), else the hardware profile's threads
         threads = distributed.workers_per_rank(cfg.loader.main_threads or 0, ranks)
-        threads = threads or cfg.hardware.torch_threads
-        if threads:
-            torch.set_num_threads(threads)
+        # Always set: a warm trial host must not keep the threads of the trial before
+        torch.set_num_threads(threads or cfg.hardware.torch_threads or _DEFAULT_THREADS)
         torch.backends.cudnn.benchmark = hw.cudnn_benchmark
         yield Run(cfg, ranks, fingerprint, hw, out)
     finally:
@@ -405,13 +407,13 @@ def _interrupts_set(event: threading.Event):
         signal.signal(signal.SIGINT, previous)
 
 
-def main(cfg: DictConfig) -> float:
+def main(cfg: DictConfig, kept: Kept | None = None) -> float:
     """Entry point for ``train.py``: run, and return ``cfg.objective`` to a sweeper.
 
     Errors a user can fix are printed as one message and exit with status 2, no traceback.
     """
     try:
-        metrics = run(cfg)
+        metrics = run(cfg, kept=kept)
     except FeedrateError as exc:
         log.error("%s", exc)
         sys.exit(exc.exit_code)

@@ -145,6 +145,9 @@ class Meter:
         drift: DriftGuard | None = None,  # told each window's data-wait share
     ) -> None:
         self.cfg, self.total, self.measure = cfg, total, measure
+        # A measured window is at least num_workers steps (the caller's ``window_steps``):
+        # workers started together deliver in bursts, and a window must see each deliver.
+        self.window_steps = max(1, window_steps)
         self.drift = drift
         self.produced, self.monitor, self.bar = produced, monitor, bar
         self.sync, self.clock = sync, clock
@@ -213,6 +216,8 @@ class Meter:
         if self._first:
             if self._first_epoch:
                 self.first_batch_s = self._t1 - self._t_iter
+                if self._warm_end is None:  # workers are up: their memory, read off the window
+                    self.monitor.sample()
             else:
                 self.restarts.append(self._t1 - self._t_iter)
             self._first = False
@@ -257,7 +262,7 @@ class Meter:
         0's save): close the window; measuring resumes after a fresh warm-up."""
         if not self._measured:
             return
-        if self._window_steps >= max(2, self.cfg.window_steps // 2):
+        if self._window_steps >= max(2, self.window_steps // 2):
             span = self._t_prev_end - self._window_start
             self.times.window_rates.append(self._window_samples / span)
         self._window_samples = self._window_steps = 0
@@ -313,7 +318,9 @@ class Meter:
         cfg, times = self.cfg, self.times
         t2 = self.clock()
         out_of_time = cfg.max_seconds is not None and t2 - self._measure_start >= cfg.max_seconds
-        window_end = self._window_steps + 1 >= cfg.window_steps or step == self.total or out_of_time
+        window_end = (
+            self._window_steps + 1 >= self.window_steps or step == self.total or out_of_time
+        )
         if window_end:
             self.sync()
             t2 = self.clock()
@@ -345,7 +352,7 @@ class Meter:
             self.times.produced = self.produced() - self._produced_at_start - self._produced_gap
         # A last window cut short by the clock or the step limit is too short to stand alone
         # in the spread; its samples still count in the totals.
-        if self._window_steps >= max(2, self.cfg.window_steps // 2) or not self.times.window_rates:
+        if self._window_steps >= max(2, self.window_steps // 2) or not self.times.window_rates:
             self.times.window_rates.append(self._window_samples / span)
         if self.measure is not Measure.loader:  # no model ran: no loss to report
             self.final_loss = self._loss_sum.item() / max(self._seen, 1)

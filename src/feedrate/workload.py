@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from feedrate import distributed
+from feedrate import checkpoint, distributed
 from feedrate.config import Optimizer
 from feedrate.dataset import GuardedDataset, build_dataset, num_classes, split
 from feedrate.decode import BatchDecoder, bytes_only
@@ -94,23 +94,74 @@ class Workload:
     decode: Callable[[list], torch.Tensor] | None = None  # loader.decode=device: a batch's JPEGs
 
 
-def build(cfg: DictConfig, hw: Hardware, ranks: Ranks) -> Workload:
-    """Dataset, split, model (DDP under torchrun), optimizer and loader."""
+@dataclass
+class Built:
+    """What building costs, kept by a warm trial host between trials (:class:`Kept`)."""
+
+    dataset: Dataset
+    classes: int
+    sample: torch.Tensor
+    model: nn.Module
+    weights: dict[str, torch.Tensor]  # the model as built: parameters and buffers (BN's)
+    rng: dict  # every random generator, as building left them
+
+
+class Kept:
+    """A warm trial host's dataset and model (:mod:`feedrate.sweep.host`). Each trial gets
+    them back as a fresh process would have built them: the weights and buffers as built, no
+    gradients, and the random generators as building left them."""
+
+    def __init__(self) -> None:
+        self.built: Built | None = None
+
+    def keep(self, built: Built) -> None:
+        self.built = built
+
+    def restore(self) -> Built | None:
+        built = self.built
+        if built is None:
+            return None
+        built.model.load_state_dict(built.weights)
+        for p in built.model.parameters():
+            p.grad = None
+        built.model.train()
+        checkpoint.set_rng_state(built.rng)
+        return built
+
+
+def _build_parts(cfg: DictConfig, hw: Hardware, kept: Kept | None) -> Built:
+    """The dataset and the model, or a warm host's, restored."""
+    built = kept.restore() if kept is not None else None
+    if built is not None:
+        return built
     dataset = build_dataset(cfg.dataset)
     classes = num_classes(dataset)
+    sample = _first_sample(dataset)
+    if getattr(cfg.loader.decode, "value", cfg.loader.decode) == "device":
+        bytes_only(dataset)  # after the first sample, which sizes the model decoded
+    model = build_model(cfg.model, classes).to(hw.device)
+    if hw.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    built = Built(dataset, classes, sample, model, weights, checkpoint.rng_state())
+    if kept is not None:
+        kept.keep(built)
+    return built
+
+
+def build(cfg: DictConfig, hw: Hardware, ranks: Ranks, kept: Kept | None = None) -> Workload:
+    """Dataset, split, model (DDP under torchrun), optimizer and loader; with ``kept`` (a
+    warm trial host's), the dataset and model it built before."""
+    parts = _build_parts(cfg, hw, kept)
+    dataset, classes, sample = parts.dataset, parts.classes, parts.sample
     train_set, val_set = split(dataset, cfg.trainer.val_fraction, cfg.trainer.seed)
     on_error = cfg.dataset.get("on_error", "raise")
     streaming = is_stream(dataset)
     train_set = (GuardedStream if streaming else GuardedDataset)(train_set, on_error)
-    sample = _first_sample(dataset)
     decoder = None
     if getattr(cfg.loader.decode, "value", cfg.loader.decode) == "device":
-        bytes_only(dataset)  # after the first sample, which sizes the model decoded
         decoder = BatchDecoder(hw.device, sample.shape[-1])
-    model = build_model(cfg.model, classes).to(hw.device)
-    if hw.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    model = distributed.wrap(model, ranks, hw)
+    model = distributed.wrap(parts.model, ranks, hw)
     args = _loader_args(cfg.loader, hw, ranks)
     if streaming:  # it shuffles itself, in a buffer
         del args["shuffle"]

@@ -32,6 +32,7 @@ from feedrate.sweep.decide import (
     described,
     drop_clearly_slower,
     merge_identical,
+    settled,
     write_decision,
 )
 from feedrate.sweep.feasibility import Budget, memory_budget
@@ -160,16 +161,19 @@ class LoaderSweep(Callback):
             same = seed_settings(config)
             for workers in seed_workers(config):
                 study.enqueue_trial({"loader.num_workers": workers, **same, **threads})
-        measure_ceilings(config)
+        from feedrate.sweep.host import runner_for
+
+        measure_ceilings(config, runner_for(config, "search"))
         self._phases.done("ceilings")
         log.info(
             "loader sweep: study %s (%s), %d earlier trials; up to %d new trials, one at a time,"
-            " each in a fresh process (limit %g s; one the guard skips is replaced); then %d"
-            " finalists and the baselines measured %d times; preset -> %s",
+            " in %s (limit %g s; one the guard skips is replaced); then %d finalists and the"
+            " baselines measured in up to %d rounds; preset -> %s",
             sweeper.study_name,
             sweeper.storage,
             earlier,
             sweeper.n_trials,
+            "a warm trial host" if config.hydra.launcher.get("warm", True) else "fresh processes",
             config.hydra.launcher.timeout_s,
             config.sweep.finalists,
             config.sweep.final_rounds,
@@ -204,10 +208,16 @@ class LoaderSweep(Callback):
         contestants = self._remeasure(config, contestants, sweep_dir / "final")
         phases.done("final")
         budget = memory_budget(config)
-        decision = decide(contestants, budget)
+        decision = decide(contestants, budget, config.sweep.equivalence)
         log.info("decision: %s", decision.reason)
         write_decision(sweep_dir, decision)  # kept if the gap's run is interrupted
-        gap = measure_gap(config, decision.winner, sweep_dir)
+        from feedrate.sweep.host import POOL, runner_for
+
+        POOL.close_all(but=_slug(decision.winner))
+        gap = measure_gap(
+            config, decision.winner, sweep_dir, runner_for(config, _slug(decision.winner))
+        )
+        POOL.close_all()
         phases.done("gap")
         log.info("the sweep's phases took %s", phases.describe())
         write_decision(sweep_dir, decision, phases.seconds)
@@ -255,24 +265,32 @@ class LoaderSweep(Callback):
     def _remeasure(
         self, config: DictConfig, contestants: list[Contestant], out: Path
     ) -> list[Contestant]:
-        """Alternating rounds of every contestant; after the first, contestants that ran the
-        same resolved settings are one (measured once from then on). A finalist's search run
-        is not one of them: chosen for being high, it is biased high. Returns those left."""
+        """Alternating rounds of every contestant, each in its own warm host (a new DataLoader
+        each round); after the first, contestants that ran the same resolved settings are one
+        (measured once from then on). From the third round on, the rounds stop once the
+        decision is settled (:func:`~feedrate.sweep.decide.settled`); ``sweep.final_rounds``
+        is the most. A finalist's search run is not one of them: chosen for being high, it is
+        biased high. Returns those left."""
         from tqdm import tqdm
 
-        script = Path(sys.argv[0]).resolve()
+        from feedrate.sweep.host import POOL, runner_for
+
         rounds = config.sweep.final_rounds
         timeout = config.hydra.launcher.timeout_s
         # The decision rests on these runs: longer windows than the search's, less noise.
         longer = [f"trainer.max_seconds={config.sweep.final_seconds}"]
+        POOL.rename("search", _slug(contestants[0]))  # the search's host is warm already
+        runners = {c.name: runner_for(config, _slug(c)) for c in contestants}
+        for runner in runners.values():  # start together: their imports overlap
+            getattr(runner, "start", lambda: None)()
         bar = tqdm(total=rounds * len(contestants), desc="final re-measurement", unit="run")
         for r in range(rounds):
             # Alternate, and reverse every other round, so drift hits everyone alike.
             live = [c for c in contestants if not c.dropped]
             for c in live if r % 2 == 0 else live[::-1]:
-                slug = c.name.replace(" ", "_")
-                res = run_trial(script, [*c.overrides, *longer], out / f"round{r}_{slug}", timeout)
-                c.results.append(res)
+                job_dir = out / f"round{r}_{_slug(c)}"
+                res = run_trial(runners[c.name], [*c.overrides, *longer], job_dir, timeout)
+                c.add(res, r)
                 shown = f"{res.value:,.1f} samples/s" if res.ok else f"{res.status}: {res.reason}"
                 bar.write(f"final round {r + 1}/{rounds}: {c.name:>12} -> {shown}")
                 bar.update(1)
@@ -287,6 +305,12 @@ class LoaderSweep(Callback):
                 for c in drop_clearly_slower(contestants):
                     bar.write(f"{c.label}: {c.dropped}")
                     bar.total -= rounds - 2
+            if r + 1 < rounds and settled(contestants, config.sweep.equivalence):
+                bar.write(
+                    f"settled after {r + 1} rounds: every contestant is significantly slower"
+                    f" than another or within {config.sweep.equivalence:.0%} of the fastest"
+                )
+                break
         bar.close()
         return contestants
 
@@ -323,6 +347,10 @@ class LoaderSweep(Callback):
         log.info("wrote %s; use it with: python train.py loader=%s", path, name)
 
 
+def _slug(c: Contestant) -> str:
+    return c.name.replace(" ", "_")
+
+
 def _preset_header(
     config: DictConfig,
     decision: Decision,
@@ -351,11 +379,11 @@ def _preset_header(
     for c in decision.contestants:
         if c is winner or c.median is None:
             continue
-        versus = stats.compare(winner.values, c.values)
+        versus = stats.compare(winner.per_round(), c.per_round())
         against = c.dropped or clearly_slower(c, winner) or described(versus)
         lines.append(
             f"  vs {c.label}: {c.median:,.1f} samples/s; {winner.name} / it = {against}"
-            f" (95% interval, {len(c.values)} runs)"
+            f" (95% interval, {len(c.per_round())} paired rounds)"
         )
     lines += [
         f"Decision: {decision.reason}.",

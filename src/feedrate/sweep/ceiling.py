@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,7 +22,7 @@ from omegaconf import DictConfig
 
 from feedrate.files import atomic_write_text
 from feedrate.sweep.space import seed_workers
-from feedrate.sweep.trial import base_args, run_trial
+from feedrate.sweep.trial import Runner, base_args, run_trial
 
 if TYPE_CHECKING:
     from feedrate.sweep.decide import Contestant
@@ -138,11 +137,12 @@ def gap(end_to_end: float, ceiling: Ceiling) -> tuple[str, dict[str, float]]:
 CEILINGS_FILE = "ceilings.json"
 
 
-def measure_ceilings(config: DictConfig) -> Ceiling | None:
-    """Loader-only (the better of the lowest and the highest seed: CPU-bound decoding peaks
-    near the cores, latency-bound reads far past them) and compute-only, a few seconds each,
-    before the search: the applicable ceiling goes to ``<sweep dir>/ceilings.json``, where the
-    trial launcher reads it to stop the search near it. None when it does not apply."""
+def measure_ceilings(config: DictConfig, runner: Runner) -> Ceiling | None:
+    """Loader-only at every seed's worker count (CPU-bound decoding peaks near the cores,
+    latency-bound reads far past them; the best is kept) and compute-only, a few seconds each
+    in the search's warm host, before the search: the applicable ceiling goes to
+    ``<sweep dir>/ceilings.json``, where the trial launcher reads it to stop the search near
+    it. None when it does not apply."""
     measure = getattr(config.trainer.measure, "value", config.trainer.measure)
     if not config.sweep.measure_ceilings or config.objective != "samples_per_sec":
         return None
@@ -153,24 +153,23 @@ def measure_ceilings(config: DictConfig) -> Ceiling | None:
             measure,
         )
         return None
-    script = Path(sys.argv[0]).resolve()
     out = Path(config.hydra.sweep.dir) / "ceilings"
     timeout = config.hydra.launcher.timeout_s
     base = base_args(config)  # sweep=loader among them: the trials' own measurement
     seeds = seed_workers(config)
     at = {
         n: run_trial(
-            script,
+            runner,
             [*base, "trainer.measure=loader", f"loader.num_workers={n}"],
             out / f"loader_{n}",
             timeout,
         )
-        for n in sorted({seeds[0], seeds[-1]})
+        for n in sorted(set(seeds))
     }
     measured = {n: r for n, r in at.items() if r.ok}
     workers = max(measured, key=lambda n: measured[n].value) if measured else seeds[-1]
     loader = at[workers]
-    compute = run_trial(script, [*base, "trainer.measure=compute"], out / "compute", timeout)
+    compute = run_trial(runner, [*base, "trainer.measure=compute"], out / "compute", timeout)
     (Path(config.hydra.sweep.dir) / CEILINGS_FILE).unlink(missing_ok=True)
     if not (loader.ok and compute.ok):
         failed = loader if not loader.ok else compute
@@ -204,15 +203,16 @@ def read_ceiling(sweep_dir: str | Path) -> Ceiling | None:
     return Ceiling.from_dict(json.loads(path.read_text()))
 
 
-def measure_gap(config: DictConfig, winner: Contestant, sweep_dir: Path) -> dict | None:
+def measure_gap(
+    config: DictConfig, winner: Contestant, sweep_dir: Path, runner: Runner
+) -> dict | None:
     """The differential method at the winner's settings: its end-to-end figure against its
     own loader-only run and the compute-only one measured before the search."""
     limit = read_ceiling(sweep_dir)
     if limit is None or winner.median is None:
         return None
-    script = Path(sys.argv[0]).resolve()
     res = run_trial(
-        script,
+        runner,
         [
             *winner.overrides,
             f"trainer.max_seconds={config.sweep.final_seconds}",

@@ -1,6 +1,7 @@
 """How the sweep decides: contestants re-measured in alternating rounds, those with the same
-resolved settings folded into one, the clearly slower dropped, and the cheapest of those not
-significantly slower than the fastest wins (docs/design.md, "How the sweep decides")."""
+resolved settings folded into one, the clearly slower dropped, and the cheapest of those that
+no other contestant is significantly faster than wins; the rounds stop once that is settled
+(docs/design.md, "How the sweep decides")."""
 
 from __future__ import annotations
 
@@ -55,6 +56,20 @@ class Contestant:
     results: list[TrialResult] = field(default_factory=list)
     aliases: list[str] = field(default_factory=list)  # contestants that resolved to the same
     dropped: str = ""  # why it was not measured to the last round (clearly slower)
+    rounds: list[int] = field(default_factory=list)  # the final round of each result
+
+    def add(self, result: TrialResult, round_: int) -> None:
+        self.results.append(result)
+        self.rounds.append(round_)
+
+    def per_round(self) -> dict[int, float]:
+        """Round -> samples/s (the median where merged contestants ran twice in one round):
+        the paired figures :func:`feedrate.stats.compare` weighs."""
+        by: dict[int, list[float]] = {}
+        for r, res in zip(self.per_round_index(), self.results, strict=True):
+            if res.ok:
+                by.setdefault(r, []).append(res.value)
+        return {r: statistics.median(v) for r, v in by.items()}
 
     @property
     def label(self) -> str:
@@ -78,6 +93,11 @@ class Contestant:
         """(max - min) of the repeats, in samples/s."""
         return max(self.values) - min(self.values) if len(self.values) > 1 else 0.0
 
+    def per_round_index(self) -> list[int]:
+        return (
+            self.rounds if len(self.rounds) == len(self.results) else list(range(len(self.results)))
+        )
+
     def ok_result(self) -> TrialResult | None:
         return next((r for r in self.results if r.ok), None)
 
@@ -100,13 +120,9 @@ class Contestant:
         return next((why for r in self.results if (why := budget.over(r.metrics))), "")
 
     def cost(self) -> tuple[float, float]:
-        """Cheaper first: fewer workers, then less memory (PSS of the processes, and the
-        batches in /dev/shm, which is RAM too)."""
-        mem = [
-            (r.metrics.get("peak_pss_mb") or 0.0) + (r.metrics.get("peak_shm_mb") or 0.0)
-            for r in self.results
-            if r.ok
-        ]
+        """Cheaper first: fewer workers, then less memory (peak PSS of the process tree, the
+        one measure of a run's memory: docs/design.md, "Memory readings")."""
+        mem = [r.metrics.get("peak_pss_mb") or 0.0 for r in self.results if r.ok]
         return (self.loader().get("num_workers", 0), statistics.median(mem) if mem else 0.0)
 
 
@@ -122,6 +138,7 @@ def merge_identical(contestants: list[Contestant], stream: bool) -> list[Contest
             kept.append((key, c))
             continue
         twin.aliases += [c.name, *c.aliases]
+        twin.rounds = [*twin.per_round_index(), *c.per_round_index()]
         twin.results += c.results
         twin.is_baseline = twin.is_baseline or c.is_baseline
     return [c for _, c in kept]
@@ -183,24 +200,66 @@ def cheapest(contestants: list[Contestant]) -> Contestant:
     return min(near, key=lambda c: (cost[c.name][1], cost[c.name][0], -c.median))
 
 
-def _significantly(versus: stats.Comparison | None) -> str:
-    if versus is None or versus.verdict != stats.LOSS:
-        return ""
-    return f"significantly: {versus.describe()}"
+def simultaneous(k: int) -> float:
+    """The confidence of each comparison between two of ``k`` contestants such that all
+    k(k-1)/2 of them hold together at 95% (Bonferroni). Without it, "slower than the fastest"
+    is tested against the very runs that made it the fastest, k - 1 times at 5% each, and calls
+    one of four equal contestants slower 15% of the time (tests/test_sweep.py)."""
+    return 1 - (1 - stats.CONFIDENCE) / max(1, k * (k - 1) // 2)
+
+
+def slower_than_another(c: Contestant, others: list[Contestant], confidence: float) -> str:
+    """Why ``c`` is significantly slower than one of ``others`` (paired rounds), or empty.
+    Every other contestant is a reference, not only the fastest by median: the fastest is
+    picked by the same runs, which would bias the test (multiple comparisons with the best)."""
+    for d in others:
+        if d is c:
+            continue
+        versus = stats.compare(c.per_round(), d.per_round(), confidence)
+        if versus is not None and versus.verdict == stats.LOSS:
+            return f"significantly slower than {d.label}: {versus.describe()}"
+    return ""
+
+
+def settled(contestants: list[Contestant], margin: float) -> bool:
+    """More rounds cannot change the decision by more than ``margin``: every contestant still
+    measured is significantly slower than another, or within ``margin`` of the fastest (the
+    whole simultaneous interval of its ratio above 1 - margin)."""
+    live = [c for c in contestants if c.values and not c.failures and not c.dropped]
+    if len(live) < 2:
+        return True
+    if min(len(c.per_round()) for c in live) < stats.MIN_ROUNDS:
+        return False
+    fastest = max(live, key=lambda c: c.median)
+    confidence = simultaneous(len(live))
+    for c in live:
+        if c is fastest or slower_than_another(c, live, confidence):
+            continue
+        versus = stats.compare(c.per_round(), fastest.per_round(), confidence)
+        if versus is None or versus.low < 1 - margin:
+            return False
+    return True
 
 
 def described(versus: stats.Comparison | None) -> str:
     return versus.describe() if versus is not None else "(no comparison)"
 
 
-def decide(contestants: list[Contestant], budget: Budget | None = None) -> Decision:
-    """Among the contestants not shown slower than the fastest, the cheapest wins.
+EQUIVALENCE = 0.03  # sweep.equivalence: ratios this close to 1 are equal for practical purposes
 
-    Every finalist and every baseline is weighed against the fastest: shown slower when
-    significantly so (:mod:`feedrate.stats`: 5 rounds, the interval and a rank test) or
-    clearly so (a factor of two, at any number of rounds). A contestant with any failed final
-    run is out, baselines included, and so is one that used more memory than ``budget`` in
-    any of them. Cheapest: fewest workers, then least memory.
+
+def decide(
+    contestants: list[Contestant], budget: Budget | None = None, margin: float = EQUIVALENCE
+) -> Decision:
+    """Among the contestants no other is shown faster than, the cheapest wins.
+
+    A contestant is shown slower when another is significantly faster over the paired rounds
+    (:func:`slower_than_another`, simultaneous 95% intervals) or clearly so (a factor of two
+    below the fastest, at any number of rounds), unless its whole interval against the fastest
+    is within ``margin`` of it: a consistent 1% is significant over paired rounds, and no
+    reason to pay for three times the workers. A contestant with any failed final run is
+    out, baselines included, and so is one that used more memory than ``budget`` in any of
+    them. Cheapest: fewest workers, then least memory.
     """
     over = {c.name: c.over_budget(budget) for c in contestants}
     eligible = [
@@ -223,11 +282,19 @@ def decide(contestants: list[Contestant], budget: Budget | None = None) -> Decis
             + f", so there is nothing to decide and no preset was written ({reasons}){least}"
         )
     fastest = max(eligible, key=lambda c: c.median)
-    versus = {c.name: stats.compare(c.values, fastest.values) for c in eligible}
+    live = [c for c in eligible if not c.dropped]
+    confidence = simultaneous(len(live))
+    versus = {
+        c.name: stats.compare(c.per_round(), fastest.per_round(), confidence) for c in eligible
+    }
     why_slower = {
-        c.name: c.dropped or clearly_slower(c, fastest) or _significantly(versus[c.name])
+        c.name: c.dropped or clearly_slower(c, fastest) or slower_than_another(c, live, confidence)
         for c in eligible
     }
+    for c in eligible:  # equal for practical purposes: within the margin, whatever the test
+        versus_c = versus[c.name]
+        if not c.dropped and versus_c is not None and versus_c.low >= 1 - margin:
+            why_slower[c.name] = ""
     close = [c for c in eligible if c is fastest or not why_slower[c.name]]
     winner = cheapest(close)
     baselines = [c for c in eligible if c.is_baseline]

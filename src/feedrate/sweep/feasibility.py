@@ -2,13 +2,19 @@
 
 Each DataLoader worker is a process; with many workers the OOM killer, or a small ``/dev/shm``
 (Docker gives 64 MB), ends the run half-way, after minutes of start-up. The guard learns the
-footprint of the main process and of one worker from the trials that ran, and skips a
-configuration predicted to exceed the machine's budget, with the figures as its reason.
+footprint of the main process and of one worker, per start method (a forked worker shares its
+parent's pages, about 17 MB here; a spawned one imports torch, about 300 MB), from the trials
+that ran, and skips a configuration predicted to exceed the machine's budget, with the figures
+as its reason.
+
+A run's memory is one figure everywhere: the peak PSS of its process tree (docs/design.md,
+"Memory readings"). ``/dev/shm`` is a resource of its own, with its own limit.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 from dataclasses import dataclass
 
 from omegaconf import DictConfig
@@ -66,6 +72,16 @@ def memory_budget(config: DictConfig) -> Budget | None:
     return Budget(allocated[0] * 1024, allocated[1]) if allocated else None
 
 
+def _method(cfg: DictConfig, metrics: dict) -> str:
+    """The start method a run's workers used: the one it recorded, else the one asked for,
+    else the platform's default."""
+    ran = ((metrics.get("run") or {}).get("loader") or {}).get("multiprocessing_context")
+    if ran:
+        return str(ran)
+    asked = cfg.loader.get("multiprocessing_context")
+    return str(asked) if asked else multiprocessing.get_start_method(allow_none=False)
+
+
 @dataclass(frozen=True)
 class Skip:
     """Why a configuration should not run, and the memory it was predicted to need (None
@@ -79,25 +95,35 @@ class FeasibilityGuard:
     def __init__(self, budget_frac: float = 0.8, budget: Budget | None = None) -> None:
         self.budget_frac = budget_frac
         self.budget = budget
-        self.footprint = Footprint()
+        self.main_mb = 0.0  # the main process's PSS, the same whatever the start method
+        self.per_worker_mb: dict[str, float] = {}  # start method -> PSS one worker adds
+        self.sample_bytes = 0
         self.learned = False
         self.ram_budget_mb = available_memory() / MB * budget_frac  # within a cgroup limit
         shm = shm_bytes()
         self.shm_budget_mb = (shm[0] - shm[1]) / MB * budget_frac if shm else float("inf")
 
     def learn(self, cfg: DictConfig, result) -> None:
-        """Update the footprint from a finished trial's metrics (peaks only ever grow)."""
+        """Update the footprint of ``cfg``'s start method from a finished trial's metrics
+        (peaks only ever grow, within a start method)."""
         m = result.metrics
         if not m or not m.get("peak_pss_mb"):
             return
-        fp = self.footprint
-        fp.main_mb = max(fp.main_mb, m["peak_main_pss_mb"])
         workers = cfg.loader.num_workers
+        self.main_mb = max(self.main_mb, m["peak_main_pss_mb"])
+        self.sample_bytes = max(self.sample_bytes, m.get("run", {}).get("sample_bytes", 0))
         if workers > 0:
+            method = _method(cfg, m)
             per = (m["peak_pss_mb"] - m["peak_main_pss_mb"]) / workers
-            fp.per_worker_mb = max(fp.per_worker_mb, per)
-        fp.sample_bytes = max(fp.sample_bytes, m.get("run", {}).get("sample_bytes", 0))
+            self.per_worker_mb[method] = max(self.per_worker_mb.get(method, 0.0), per)
         self.learned = True
+
+    def footprint_of(self, cfg: DictConfig) -> Footprint | None:
+        """The footprint ``cfg`` is predicted with; None when its start method never ran."""
+        if cfg.loader.num_workers == 0:
+            return Footprint(self.main_mb, 0.0, self.sample_bytes)
+        per = self.per_worker_mb.get(_method(cfg, {}))
+        return None if per is None else Footprint(self.main_mb, per, self.sample_bytes)
 
     def check(self, cfg: DictConfig) -> Skip | None:
         """Why ``cfg`` should not run (None when it fits, or nothing is known yet)."""
@@ -108,22 +134,23 @@ class FeasibilityGuard:
                 f" shard, so {cfg.loader.num_workers - shards} workers would read nothing and"
                 " only cost memory and start-up"
             )
-        if not self.learned:
+        fp = self.footprint_of(cfg) if self.learned else None
+        if fp is None:
             return None
-        memory, shm = predict(cfg.loader, self.footprint)
+        memory, shm = predict(cfg.loader, fp)
+        parts = (
+            f"main {fp.main_mb:,.0f} MB + {cfg.loader.num_workers} workers x"
+            f" {fp.per_worker_mb:,.0f} MB ({_method(cfg, {})})"
+        )
         if self.budget is not None and memory > self.budget.mb:
             return Skip(
-                f"predicted memory {memory:,.0f} MB (main {self.footprint.main_mb:,.0f} MB"
-                f" + {cfg.loader.num_workers} workers x {self.footprint.per_worker_mb:,.0f} MB)"
-                f" exceeds the memory budget {self.budget}",
+                f"predicted memory {memory:,.0f} MB ({parts}) exceeds the memory budget"
+                f" {self.budget}",
                 memory,
             )
-        # /dev/shm is tmpfs: the batches in flight live in RAM beside the processes
-        if memory + shm > self.ram_budget_mb:
+        if memory > self.ram_budget_mb:
             return Skip(
-                f"predicted memory {memory + shm:,.0f} MB (main {self.footprint.main_mb:,.0f} MB"
-                f" + {cfg.loader.num_workers} workers x {self.footprint.per_worker_mb:,.0f} MB"
-                f" + {shm:,.0f} MB of batches in /dev/shm, which is RAM) exceeds the budget"
+                f"predicted memory {memory:,.0f} MB ({parts}) exceeds the budget"
                 f" {self.ram_budget_mb:,.0f} MB ({self.budget_frac:.0%} of available RAM)",
                 memory,
             )

@@ -214,6 +214,8 @@ def check_sweep(config: DictConfig) -> None:
             s.final_rounds,
             stats.MIN_ROUNDS,
         )
+    if not 0 < s.equivalence < 1:
+        problems.append(f"sweep.equivalence={s.equivalence} must be between 0 and 1")
     if s.final_seconds <= 0:
         problems.append(f"sweep.final_seconds={s.final_seconds} must be positive")
     if s.memory_budget_gb is not None and s.memory_budget_gb <= 0:

@@ -1,13 +1,16 @@
-"""One sweep trial: ``python train.py <overrides>`` in a fresh process with a hard time limit.
+"""One sweep trial, run by a trial runner: a warm host (:mod:`feedrate.sweep.host`, the
+default) or ``python train.py <overrides>`` in a fresh process (:class:`Fresh`), with a hard
+time limit.
 
 A trial that crashes, hangs or is killed (the OOM killer sends SIGKILL) becomes a failed
-``TrialResult`` with its reason; it never stops the sweep. The trial runs in its own session,
-so its whole process group (main process and DataLoader workers) is killed at the end, and
-shared-memory segments it left in ``/dev/shm`` are removed.
+``TrialResult`` with its reason; it never stops the sweep. A trial's processes run in their own
+session, so the whole group (main process and DataLoader workers) is killed at the end, and
+the shared-memory segments they left in ``/dev/shm`` are removed once their owners are gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import json
@@ -20,6 +23,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 from omegaconf import DictConfig
@@ -71,20 +75,31 @@ def _shm_names() -> set[str]:
         return set()
 
 
-def _descendants(pid: int) -> set[int]:
+def descendants(pid: int) -> set[int]:
     try:
         return {p.pid for p in psutil.Process(pid).children(recursive=True)}
     except psutil.Error:
         return set()
 
 
-def _remove_shm_of(pids: set[int]) -> None:
-    """Remove the /dev/shm segments PyTorch created for these processes (``torch_<pid>_*``),
-    and only those: other jobs on the host keep theirs."""
-    prefixes = tuple(f"torch_{pid}_" for pid in pids)
-    for name in _shm_names():
-        if name.startswith(prefixes):
-            (_SHM / name).unlink(missing_ok=True)
+def remove_dead_shm(pids: set[int]) -> None:
+    """Remove the /dev/shm segments PyTorch created for these processes (``torch_<pid>_*``)
+    once their owner has ended, and only those: a live trial host keeps the segments its
+    batches are in, and other jobs on the machine keep theirs. The ended pids are forgotten."""
+    dead = {pid for pid in pids if not psutil.pid_exists(pid) or _zombie(pid)}
+    prefixes = tuple(f"torch_{pid}_" for pid in dead)
+    if prefixes:
+        for name in _shm_names():
+            if name.startswith(prefixes):
+                (_SHM / name).unlink(missing_ok=True)
+    pids -= dead
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 try:  # loaded here, not in the forked child, where loading a library is not safe
@@ -93,7 +108,7 @@ except OSError:  # not Linux
     _LIBC = None
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """In the trial process (Linux): SIGKILL when the sweep that started it dies, so a killed
     sweep leaves no trial running. Its DataLoader workers then see their parent gone and exit.
     Without it (not Linux), the sweep's own cleanup still kills the trial on Ctrl-C."""
@@ -104,7 +119,7 @@ def _die_with_parent(parent: int) -> None:
         os._exit(137)
 
 
-def _kill_group(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -123,7 +138,7 @@ def _error_line(log_text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def _reason(returncode: int, log_text: str) -> str:
+def reason_for(returncode: int, log_text: str) -> str:
     if returncode < 0:
         try:
             sig = signal.Signals(-returncode).name
@@ -134,14 +149,23 @@ def _reason(returncode: int, log_text: str) -> str:
     return f"exit status {returncode}: {_error_line(log_text)}"
 
 
+class Runner(Protocol):
+    """Runs one trial: ``runner(overrides, job_dir, timeout_s, objective) -> TrialResult``.
+    :class:`Fresh` and :class:`feedrate.sweep.host.Host` are the two; tests pass fakes."""
+
+    def __call__(
+        self, overrides: list[str], job_dir: str | os.PathLike, timeout_s: float, objective: str
+    ) -> TrialResult: ...
+
+
 def run_trial(
-    script: str | os.PathLike,
+    runner: Runner,
     overrides: list[str],
     job_dir: str | os.PathLike,
     timeout_s: float,
     objective: str = "samples_per_sec",
 ) -> TrialResult:
-    """Run ``python script overrides``, output in ``job_dir``; a failing trial never raises.
+    """Run one trial with ``runner``, output in ``job_dir``; a failing trial never raises.
 
     A throughput flagged noisy (other processes kept the run's cores busy) is not trusted as
     it stands: the trial runs once more, the first run's files set aside in
@@ -149,7 +173,7 @@ def run_trial(
     kept with the reason, so the report shows which figures are doubtful. Objectives that are
     not throughput (``val_accuracy``) do not depend on a busy CPU and are not repeated.
     """
-    result = _run_once(script, overrides, job_dir, timeout_s, objective)
+    result = runner(overrides, job_dir, timeout_s, objective)
     first_noise = result.metrics.get("noise") if result.ok else None
     if not first_noise or objective not in THROUGHPUT:
         return result
@@ -160,7 +184,7 @@ def run_trial(
         if entry != aside:
             os.replace(entry, aside / entry.name)
     result.job_dir = str(aside)
-    again = _run_once(script, overrides, job_dir, timeout_s, objective)
+    again = runner(overrides, job_dir, timeout_s, objective)
     if not again.ok:  # the noisy figure is still a figure: keep it, flagged
         result.reason = (
             f"noisy ({'; '.join(first_noise)}), and measuring it again failed: {again.reason}"
@@ -180,52 +204,72 @@ def run_trial(
     return again
 
 
-def _run_once(
-    script: str | os.PathLike,
-    overrides: list[str],
-    job_dir: str | os.PathLike,
-    timeout_s: float,
-    objective: str,
-) -> TrialResult:
-    job_dir = Path(job_dir)
-    job_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(script), *overrides, f"hydra.run.dir={job_dir}"]
-    t0 = time.perf_counter()
-    pids: set[int] = set()
-    with open(job_dir / "trial.log", "wb") as log_file:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=functools.partial(_die_with_parent, os.getpid()),
-        )
-        pids.add(proc.pid)
-        timed_out = False
-        try:
-            while True:  # poll, to learn the pids of the trial's workers while they live
-                try:
-                    returncode = proc.wait(timeout=0.5)
-                    break
-                except subprocess.TimeoutExpired:
-                    pids |= _descendants(proc.pid)
-                    if time.perf_counter() - t0 > timeout_s:
-                        _kill_group(proc.pid)
-                        returncode = proc.wait()
-                        timed_out = True
-                        break
-        finally:  # also on Ctrl-C in the sweep: nothing of the trial outlives it
-            _kill_group(proc.pid)  # workers orphaned by a crashed main process
-            _remove_shm_of(pids)
-    duration = time.perf_counter() - t0
+class Fresh:
+    """Each trial as ``python script <overrides>`` in a fresh process: what a user's own run
+    is, start-up included (``hydra.launcher.warm=false``)."""
 
+    def __init__(self, script: str | os.PathLike) -> None:
+        self.script = Path(script)
+
+    def __call__(
+        self,
+        overrides: list[str],
+        job_dir: str | os.PathLike,
+        timeout_s: float,
+        objective: str = "samples_per_sec",
+    ) -> TrialResult:
+        job_dir = Path(job_dir)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, str(self.script), *overrides, f"hydra.run.dir={job_dir}"]
+        t0 = time.perf_counter()
+        pids: set[int] = set()
+        with open(job_dir / "trial.log", "wb") as log_file:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            )
+            pids.add(proc.pid)
+            timed_out = False
+            try:
+                while True:  # poll, to learn the pids of the trial's workers while they live
+                    try:
+                        returncode = proc.wait(timeout=0.5)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pids |= descendants(proc.pid)
+                        if time.perf_counter() - t0 > timeout_s:
+                            kill_group(proc.pid)
+                            returncode = proc.wait()
+                            timed_out = True
+                            break
+            finally:  # also on Ctrl-C in the sweep: nothing of the trial outlives it
+                kill_group(proc.pid)  # workers orphaned by a crashed main process
+                for pid in pids:  # reap what the kill ended, so it counts as gone
+                    with contextlib.suppress(psutil.Error):
+                        psutil.Process(pid).wait(timeout=1)
+                remove_dead_shm(pids)
+        duration = time.perf_counter() - t0
+        if timed_out:
+            result = TrialResult(list(overrides), FAILED, duration_s=duration, job_dir=str(job_dir))
+            result.reason = f"timed out after {timeout_s:g} s; process group killed"
+            result.save()
+            return result
+        return read_result(job_dir, returncode, overrides, duration, objective)
+
+
+def read_result(
+    job_dir: Path, returncode: int, overrides: list[str], duration: float, objective: str
+) -> TrialResult:
+    """The trial's result from what its run left in ``job_dir`` (metrics.json, trial.log),
+    written to ``job_dir/trial.json``."""
     result = TrialResult(list(overrides), FAILED, duration_s=duration, job_dir=str(job_dir))
-    log_text = (job_dir / "trial.log").read_text(errors="replace")
     metrics_file = job_dir / "metrics.json"
-    if timed_out:
-        result.reason = f"timed out after {timeout_s:g} s; process group killed"
-    elif returncode != 0:
-        result.reason = _reason(returncode, log_text)
+    if returncode != 0:
+        log_text = (job_dir / "trial.log").read_text(errors="replace")
+        result.reason = reason_for(returncode, log_text)
     elif not metrics_file.exists():
         result.reason = "finished without writing metrics.json"
     else:

@@ -1,15 +1,17 @@
-"""``hydra/launcher=feedrate_trial``: each job in its own fresh process, one at a time.
+"""``hydra/launcher=feedrate_trial``: the sweep's jobs one at a time, in a warm trial host.
 
 Hydra's basic launcher runs jobs inside the sweep's process: one hang stalls the sweep, one
-crash ends it, and each job inherits the warm state (imports, page cache, leaked workers) of the
-jobs before it. This launcher runs every job as ``python train.py <overrides>`` with a hard time
-limit, kills its whole process group afterwards, skips jobs that are predicted not to fit in
-memory, and reports each as completed (the objective from its metrics.json) or failed (with
-the reason), so a sweeper such as Optuna records it and goes on.
+crash ends it, and each job inherits what the jobs before it left (threads, RNGs, leaked
+workers). This launcher runs them in a separate warm host (:mod:`feedrate.sweep.host`) that
+pays start-up once and puts back what a trial changed; a trial that fails or hangs gets the
+host killed with its whole process group, and the next trial a new one
+(``hydra.launcher.warm=false``: ``python train.py <overrides>`` afresh for each). It skips jobs
+predicted not to fit in memory, and reports each as completed (the objective from its
+metrics.json) or failed (with the reason), so a sweeper such as Optuna records it and goes on.
 """
 
+import functools
 import logging
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,8 @@ class FeedrateTrialLauncherConf:
     timeout_s: float = 120.0
     # Share of available RAM and free /dev/shm a trial may be predicted to use.
     memory_budget_frac: float = 0.8
+    # Trials in a warm host that pays start-up once; false: each in a fresh process.
+    warm: bool = True
 
 
 ConfigStore.instance().store(
@@ -38,8 +42,11 @@ ConfigStore.instance().store(
 
 
 class FeedrateTrialLauncher(Launcher):
-    def __init__(self, timeout_s: float = 120.0, memory_budget_frac: float = 0.8) -> None:
+    def __init__(
+        self, timeout_s: float = 120.0, memory_budget_frac: float = 0.8, warm: bool = True
+    ) -> None:
         self.timeout_s = timeout_s
+        self.warm = warm
         self.memory_budget_frac = memory_budget_frac
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
@@ -65,6 +72,7 @@ class FeedrateTrialLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
+        from feedrate.sweep.host import runner_for
         from feedrate.sweep.trial import (
             OK,
             OVER_BUDGET,
@@ -75,7 +83,7 @@ class FeedrateTrialLauncher(Launcher):
         )
 
         assert self.config is not None and self.hydra_context is not None
-        script = Path(sys.argv[0]).resolve()
+        runner = runner_for(self.config, "search")
         objective = self.config.get("objective", "samples_per_sec")
         returns = []
         for offset, overrides in enumerate(job_overrides):
@@ -106,7 +114,7 @@ class FeedrateTrialLauncher(Launcher):
                 result.save()
             else:
                 command = [*overrides, *self._abandon(sweep_config, objective)]
-                result = run_trial(script, command, job_dir, self.timeout_s, objective)
+                result = run_trial(runner, command, job_dir, self.timeout_s, objective)
                 self.guard.learn(sweep_config, result)
                 over = self.guard.budget.over(result.metrics) if self.guard.budget else None
                 if over and result.status == OK:  # measured, and kept for the report
@@ -123,7 +131,10 @@ class FeedrateTrialLauncher(Launcher):
                 ret.status = JobStatus.COMPLETED
                 ret.return_value = result.value
                 self._log_trial(idx, shown, objective, result)
-                self._check_ceiling(sweep_config, idx, result.value)
+                confirm = functools.partial(
+                    run_trial, runner, command, job_dir / "confirm", self.timeout_s, objective
+                )
+                self._check_ceiling(sweep_config, idx, result.value, confirm)
             else:
                 ret.status = JobStatus.FAILED
                 ret._return_value = TrialFailed(f"{result.status}: {result.reason}")
@@ -154,9 +165,10 @@ class FeedrateTrialLauncher(Launcher):
             return []
         return [f"trainer.abandon_below={share * self.best:.1f}"]
 
-    def _check_ceiling(self, config: DictConfig, idx: int, value: float) -> None:
+    def _check_ceiling(self, config: DictConfig, idx: int, value: float, confirm) -> None:
         """Stop the search once a trial is within ``sweep.stop_within`` of the ceiling that
-        the loader sweep measured before searching (``ceilings.json`` in the sweep dir)."""
+        the loader sweep measured before searching (``ceilings.json`` in the sweep dir), and
+        a second run of it (``confirm()``) is too: one short run can be lucky."""
         if not config.get("sweep"):
             return
         from feedrate.sweep.ceiling import read_ceiling
@@ -169,7 +181,8 @@ class FeedrateTrialLauncher(Launcher):
         from feedrate.sweep import ceiling
 
         reach = value / self._ceiling.value
-        verdict = ceiling.near(value, self._ceiling.value, config.sweep.stop_within)
+        within = config.sweep.stop_within
+        verdict = ceiling.near(value, self._ceiling.value, within)
         if verdict == ceiling.BEYOND:
             log.info(
                 "trial %d reaches %.2f of the ceiling (%s): the ceiling does not hold for this"
@@ -181,8 +194,18 @@ class FeedrateTrialLauncher(Launcher):
             )
             self._ceiling = None
         elif verdict == ceiling.STOP:
+            again = confirm()
+            if not again.ok or ceiling.near(again.value, self._ceiling.value, within) is None:
+                shown = f"{again.value:,.1f}" if again.ok else again.reason
+                log.info(
+                    "trial %d reached %.2f of the ceiling, but its second run did not (%s):"
+                    " the search goes on",
+                    *(idx, reach, shown),
+                )
+                return
             self.stop_reason = (
-                f"trial {idx} reaches {reach:.2f} of what this machine allows"
+                f"trial {idx} reaches {reach:.2f} of what this machine allows, and"
+                f" {again.value / self._ceiling.value:.2f} in a second run"
                 f" ({self._ceiling.describe()}); stopping the search"
             )
             log.info("%s", self.stop_reason)
