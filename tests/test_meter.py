@@ -54,7 +54,9 @@ class Run:
     """A meter on a fake clock; each step waits ``wait`` s for its batch and computes for
     ``compute`` s; the workers have produced ``produced`` samples so far."""
 
-    def __init__(self, total=30, backlog=0, measure=Measure.train, drift=None, **cfg) -> None:
+    def __init__(
+        self, total=30, backlog=0, measure=Measure.train, drift=None, window=None, **cfg
+    ) -> None:
         self.clock, self.monitor, self.syncs, self.produced = Clock(), Monitor(), 0, 0
         self.total = total
 
@@ -66,7 +68,8 @@ class Run:
             total=total,
             start=0,
             backlog=backlog,
-            window_steps=cfg.get("window_steps", 4),
+            # the caller's window (num_workers steps when more), apart from trainer.window_steps
+            window_steps=window or cfg.get("window_steps", 4),
             measure=measure,
             produced=lambda: self.produced,
             monitor=self.monitor,
@@ -101,7 +104,16 @@ def test_windows_after_the_warm_up_and_a_device_sync_only_at_their_ends():
     assert times.samples == 280 and times.elapsed_s == pytest.approx(28 * 0.05)
     assert times.window_rates == pytest.approx([200.0] * 7)
     assert run.syncs == 1 + 7, "one to start the clock, one per window: none per step"
-    assert run.monitor.windows == 1, "memory sampled once, before the clock starts"
+    assert run.monitor.windows == 1
+    assert run.monitor.samples == [False], "memory read once at the first batch, off the window"
+
+
+def test_a_window_is_as_long_as_the_loader_asks_not_the_trainers_minimum():
+    # 8 workers deliver in bursts of 8: trainer.window_steps=4 is raised to 8 by the trainer
+    run = Run(total=34, window=8)
+    run.steps(34)
+    assert len(run.meter.times.window_rates) == 4, "32 measured steps in windows of 8"
+    assert run.syncs == 1 + 4
 
 
 def test_the_steady_state_warm_up_outlasts_the_start_up_backlog():

@@ -78,9 +78,17 @@ class Host:
     """The sweep's handle on one host process, started on the first trial. Call it as a
     trial runner: ``host(overrides, job_dir, timeout_s, objective) -> TrialResult``."""
 
-    def __init__(self, config_dir: str | os.PathLike, config_name: str, log_path: Path) -> None:
+    def __init__(
+        self,
+        config_dir: str | os.PathLike,
+        config_name: str,
+        log_path: Path,
+        script_dir: str | os.PathLike | None = None,
+    ) -> None:
         self.config_dir, self.config_name = str(config_dir), config_name
         self.log_path = Path(log_path)
+        # first on the host's sys.path, as train.py's folder is for `python train.py`
+        self.script_dir = str(script_dir) if script_dir is not None else None
         self.proc: subprocess.Popen | None = None
         self._answers: int | None = None  # the read end of the answer pipe
         self._buffer = b""
@@ -161,6 +169,11 @@ class Host:
         self.close()
         read_end, write_end = os.pipe()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, _FD_VAR: str(write_end)}
+        if self.script_dir is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [self.script_dir, env.get("PYTHONPATH")])
+            )
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "feedrate.sweep.host", self.config_dir, self.config_name],
@@ -168,7 +181,7 @@ class Host:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 pass_fds=(write_end,),
-                env={**os.environ, _FD_VAR: str(write_end)},
+                env=env,
                 start_new_session=True,  # its workers too: killed as one group
                 preexec_fn=functools.partial(die_with_parent, os.getpid()),
             )
@@ -201,7 +214,9 @@ class HostPool:
 
     def get(self, name: str, config_dir: str | os.PathLike, config_name: str, logs: Path) -> Host:
         if name not in self.hosts:
-            self.hosts[name] = Host(config_dir, config_name, logs / f"host_{name}.log")
+            script_dir = Path(sys.argv[0]).resolve().parent  # train.py's, for `python train.py`
+            log_path = logs / f"host_{name}.log"
+            self.hosts[name] = Host(config_dir, config_name, log_path, script_dir)
         return self.hosts[name]
 
     def rename(self, old: str, new: str) -> None:
@@ -256,6 +271,9 @@ class TrialHost:
         self.signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         self.signals[signal.SIGCHLD] = signal.getsignal(signal.SIGCHLD)
         self.threads = {t.ident for t in threading.enumerate()}
+
+    def close(self) -> None:
+        self._hydra.__exit__(None, None, None)
 
     def run(self, overrides: list[str], job_dir: str) -> dict:
         """One trial; the answer: ``done``, ``rebuild`` (another workload) or a failure."""
@@ -336,8 +354,9 @@ class TrialHost:
 
 
 def _key_change(old: str, new: str) -> str:
-    before, after = OmegaConf.create(old), OmegaConf.create(new)
-    changed = [k for k in after if OmegaConf.to_yaml(before.get(k)) != OmegaConf.to_yaml(after[k])]
+    before = OmegaConf.to_container(OmegaConf.create(old))
+    after = OmegaConf.to_container(OmegaConf.create(new))
+    changed = [k for k in after if before.get(k) != after[k]]
     return f"this trial changes {', '.join(changed)}, which the host built"
 
 
@@ -350,7 +369,8 @@ def _callbacks(config: DictConfig):
 
 class _output_to:
     """Point this process's stdout and stderr (and so its workers') at ``path`` for a trial:
-    the trial's log is what a fresh process would have printed."""
+    the trial's log is what a fresh process would have printed. Python's own ``sys.stdout``
+    and ``sys.stderr`` too, which the job's logging binds to, wherever they pointed."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -360,14 +380,18 @@ class _output_to:
         sys.stdout.flush()
         sys.stderr.flush()
         self.saved = os.dup(1), os.dup(2)
+        self.streams = sys.stdout, sys.stderr
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+        sys.stdout = open(os.dup(1), "w", buffering=1)  # noqa: SIM115 - closed on exit
+        sys.stderr = open(os.dup(2), "w", buffering=1)  # noqa: SIM115
 
     def __exit__(self, *exc: object) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        sys.stdout.close()
+        sys.stderr.close()
+        sys.stdout, sys.stderr = self.streams
         for target, fd in zip((1, 2), self.saved, strict=True):
             os.dup2(fd, target)
             os.close(fd)
