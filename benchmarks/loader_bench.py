@@ -11,20 +11,23 @@ For each workload, in one run on one machine:
    preset and a `num_workers` grid. After the first round, contestants whose resolved DataLoader
    settings are identical are one row (`tuned = cpu_capped`), measured once from then on;
 3. measures the two ceilings in the same rounds, each alone with all cores: loader-only
-   (`trainer.measure=loader`, the best of the grid and the tuned preset, then that one every
-   round) and compute-only (`trainer.measure=compute`), and applies the one that fits where the
+   (`trainer.measure=loader`, the best of the grid and the tuned preset picked on the first
+   round, then that one every round; the ceiling is its later rounds, not the run that won
+   the pick) and compute-only (`trainer.measure=compute`), and applies the one that fits where the
    model runs: on a GPU, min(loader, compute); on the CPU the loader uses, the shared-core rate
    1/(1/L + 1/C);
 4. checks that the sweep's short trials measured steady state: for every finalist and three
    other trials, the trial's figure beside a `--steady-seconds` run of the same settings;
 5. checks that reading memory does not cost the measurement: the tuned preset with
    `trainer.memory_sample_s=null`, alternating with it;
-6. prints every ratio with its 95% bootstrap interval over the rounds (a win or a loss only when
-   the interval excludes 1.0, else a tie), checks the targets, and writes `bench.json`,
-   `tables.md` and `bench.png` under `--out`.
+6. prints every ratio with its 95% interval over the paired rounds (`feedrate.stats`, as the
+   sweep decides: a win or a loss only when the interval excludes 1.0, else a tie), checks the
+   targets on the interval (met when its low end is at or above the target), and writes
+   `bench.json`, `tables.md` and `bench.png` under `--out`.
 
-Every measurement is a fresh `python train.py` process (the sweep's own trial runner), so the
-numbers are what a user gets from the command line. The model is `pooled_linear` (almost no
+Every measurement runs in the sweep's own trial runner: a warm host per row, as the sweep's
+final rounds have one per contestant, each run a new DataLoader (`--fresh`: a fresh
+`python train.py` process each, and the sweep's trials too). The model is `pooled_linear` (almost no
 compute), so samples/s is what the input pipeline feeds into a real training step.
 """
 
@@ -49,7 +52,8 @@ from feedrate.environment import git_commit
 from feedrate.hardware import detect, usable_cores
 from feedrate.sweep import ceiling
 from feedrate.sweep.decide import resolved_settings
-from feedrate.sweep.trial import TrialResult, run_trial
+from feedrate.sweep.host import Host
+from feedrate.sweep.trial import Fresh, Runner, TrialResult, run_trial
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -167,6 +171,7 @@ def run_sweep(workload: str, out: Path, args: argparse.Namespace) -> dict:
         *WORKLOADS[workload],
         *args.extra,
         *args.sweep_extra,
+        *(["hydra.launcher.warm=false"] if args.fresh else []),
         f"sweep.preset_name={preset_name(workload, args)}",
         f"sweep.study_dir={out / 'studies'}",
         f"hydra.sweep.dir={sweep_dir(out, workload)}",
@@ -213,20 +218,41 @@ class Budget:
         return self.longest * runs <= self.left()
 
 
+class Runners:
+    """A warm host per row (as the sweep's final rounds have one per contestant), one for the
+    grid's single runs; ``--fresh``: every run a fresh process."""
+
+    def __init__(self, out: Path, fresh: bool) -> None:
+        self.out, self.fresh, self.hosts = out, fresh, {}
+
+    def __call__(self, name: str) -> Runner:
+        if self.fresh:
+            return Fresh(ROOT / "train.py")
+        if name not in self.hosts:
+            log = self.out / "hosts" / f"{name}.log"
+            self.hosts[name] = Host(ROOT / "conf", "train", log, ROOT)
+        return self.hosts[name]
+
+    def close(self) -> None:
+        for host in self.hosts.values():
+            host.close()
+        self.hosts.clear()
+
+
 def measure_all(
     workload: str, out: Path, args: argparse.Namespace, cores: int, budget: Budget
 ) -> dict:
     base = [*WORKLOADS[workload], *MEASURE, *args.extra]
     runs = contestants(preset_name(workload, args), cores)
     grid = grid_points(args.grid, args.prefetch)
-    script = ROOT / "train.py"
+    runners = Runners(out / workload, args.fresh)
     rows: list[dict] = []
     loader_only = is_loader_only(workload, args.extra)
 
     def measure(round_: int, name: str, overrides: list[str], seconds: float = args.seconds):
         t0 = time.monotonic()
         res = run_trial(
-            script,
+            runners("grid" if name.startswith("grid_") else name),
             [*base, f"trainer.max_seconds={seconds}", *overrides],
             out / workload / f"r{round_}_{name}",
             300,
@@ -284,6 +310,7 @@ def measure_all(
             break
         for name in list(live) if r % 2 == 0 else list(live)[::-1]:
             measure(r, name, live[name])
+    runners.close()
 
     res = compare(rows)
     if res is None:
@@ -359,6 +386,7 @@ def compare(rows: list[dict]) -> dict | None:
     None, and so is every ratio to it. A full benchmark and ``--summarise`` both use it."""
     alias = merge_rows(rows)
     values: dict[str, list[float]] = {}
+    rounds: dict[str, dict[int, list[float]]] = {}  # name -> round -> figures (paired)
     waits: dict[str, list[float]] = {}
     verdicts: list[str] = []  # the tuned runs' own: input-bound or compute-bound
     failures: dict[str, list[str]] = {}
@@ -369,6 +397,7 @@ def compare(rows: list[dict]) -> dict | None:
             failures.setdefault(name, []).append(r["reason"])
             continue
         values.setdefault(name, []).append(r["samples_per_sec"])
+        rounds.setdefault(name, {}).setdefault(r["round"], []).append(r["samples_per_sec"])
         settings.setdefault(name, r.get("settings") or {})
         if r.get("data_wait_frac") is not None:
             waits.setdefault(name, []).append(r["data_wait_frac"])
@@ -381,28 +410,37 @@ def compare(rows: list[dict]) -> dict | None:
     kind = applicable_ceiling(rows)
     contestants = [k for k in values if _is_contestant(k)]
     best_point = max(grid, key=grid.get)
+    paired = {k: {r: statistics.median(v) for r, v in by.items()} for k, by in rounds.items()}
+    first = {k: by[min(by)] for k, by in paired.items()}  # each row's first round
     if kind == ceiling.LOADER:  # every contestant is a loader-only figure: the best of them
-        best_loader = max(contestants, key=med.get)
-        loader_values = values[best_loader]
+        best_loader = max(contestants, key=first.get)
     else:
         loaders = [k for k in med if k.startswith(f"{CEILING}loader_")]
-        best_loader = max(loaders, key=lambda k: (len(values[k]), med[k])) if loaders else None
-        loader_values = values[best_loader] if best_loader else []
+        best_loader = max(loaders, key=lambda k: (len(values[k]), first[k])) if loaders else None
+    # The best loader-only run is picked on its first round; the ceiling is its later rounds,
+    # not the run that won the pick (the winner's curse). With one round there is no other.
+    picked = paired.get(best_loader, {})
+    loader_rounds = {r: v for r, v in picked.items() if r > min(picked)} or picked
+    loader_values = list(loader_rounds.values())
+    compute_rounds = paired.get(f"{CEILING}compute", {})
     compute_values = values.get(f"{CEILING}compute", [])
-    ceiling_values = []  # per round: loader-only and compute-only runs paired in order
-    if loader_values and (compute_values or kind == ceiling.LOADER):
-        pairs = zip(loader_values, compute_values or [None] * len(loader_values), strict=False)
-        ceiling_values = [ceiling.combine(kind, a, b) for a, b in pairs]
+    ceiling_rounds = {  # per round: loader-only and compute-only of the same round combined
+        r: ceiling.combine(kind, v, compute_rounds.get(r))
+        for r, v in loader_rounds.items()
+        if kind == ceiling.LOADER or r in compute_rounds
+    }
+    ceiling_values = list(ceiling_rounds.values())
 
     def spread(v: list[float]) -> float:
         return (max(v) - min(v)) / statistics.median(v) if len(v) > 1 else 0.0
 
-    def versus(other: str | None, other_values: list[float] | None = None) -> dict | None:
+    def versus(other: str | None, other_rounds: dict | None = None) -> dict | None:
+        """tuned against ``other``, paired by round (feedrate.stats, as the sweep decides)."""
         if other is not None and alias.get(other, other) == "tuned":
             return {"ratio": 1.0, "low": 1.0, "high": 1.0, "verdict": "same settings"}
         name = alias.get(other, other) if other else ""
-        theirs = other_values if other_values is not None else values.get(name, [])
-        c = stats.compare(values["tuned"], theirs)
+        theirs = other_rounds if other_rounds is not None else paired.get(name, {})
+        c = stats.compare(paired["tuned"], theirs)
         return c.as_dict() | {"shown": c.describe()} if c is not None else None
 
     ratios = {
@@ -412,14 +450,14 @@ def compare(rows: list[dict]) -> dict | None:
         "tuned/best_grid": versus(BEST_GRID)
         if BEST_GRID in values or BEST_GRID in alias
         # a benchmark cut short before its rounds: the grid's own long-window figure
-        else versus(None, values[best_point]),
-        "tuned/ceiling": versus(None, ceiling_values) if ceiling_values else None,
+        else versus(None, paired[best_point]),
+        "tuned/ceiling": versus(None, ceiling_rounds) if ceiling_rounds else None,
     }
-    memory = stats.compare(values.get(MEMORY_OFF, []), values["tuned"])
+    memory = stats.compare(paired.get(MEMORY_OFF, {}), paired["tuned"])
     variant = next((k for k in values if k.startswith(THREADS)), None)
-    threads = stats.compare(values["tuned"], values[variant]) if variant else None
+    threads = stats.compare(paired["tuned"], paired[variant]) if variant else None
     placed = next((k for k in values if k.startswith(DECODE)), None)
-    decode = stats.compare(values["tuned"], values[placed]) if placed else None
+    decode = stats.compare(paired["tuned"], paired[placed]) if placed else None
     contestants += [n for n, twin in alias.items() if twin in values]  # each name, its twin's runs
     return {
         "values": {k: values[alias.get(k, k)] for k in contestants},
@@ -469,9 +507,19 @@ def _label(res: dict, name: str) -> str:
 
 
 def _passes(target, ratio: dict) -> bool:
+    """Met when the interval says so: its low end at or above the target (a point ratio
+    above it with an interval reaching below is not shown)."""
     if target == NOT_WORSE:
         return ratio["verdict"] != stats.LOSS
-    return ratio["ratio"] >= target
+    return ratio["low"] >= target
+
+
+def _outcome(target, ratio: dict) -> str:
+    if _passes(target, ratio):
+        return "PASS"
+    if target != NOT_WORSE and ratio["high"] >= target:
+        return "NOT SHOWN (the interval reaches below the target)"
+    return "MISS"
 
 
 def show(workload: str, res: dict) -> list[tuple[str, float, object, bool]]:
@@ -512,7 +560,7 @@ def show(workload: str, res: dict) -> list[tuple[str, float, object, bool]]:
             print(f"  {shown:>18} = {text}")
             continue
         ok = _passes(target, ratio)
-        print(f"  {shown:>18} = {text}{goal} {'PASS' if ok else 'MISS'}")
+        print(f"  {shown:>18} = {text}{goal} {_outcome(target, ratio)}")
         checks.append((f"{workload} {key}", ratio["ratio"], _target_text(target), ok))
     if (
         res["ceiling"] is not None
@@ -628,14 +676,14 @@ def measure_fidelity(workload: str, out: Path, args: argparse.Namespace) -> list
         (n for n in trials if n not in finalists),
         key=lambda n: -trials[n].metrics.get("run", {}).get("loader", {}).get("num_workers", 0),
     )[:3]
-    script = ROOT / "train.py"
+    runner = Runners(out / "fidelity" / workload, args.fresh)("steady")
     rows = []
     for n in [*(f for f in finalists if f in trials), *others]:
         t = trials[n]
         # the trial's own command, minus the sweep's early stop, with a long window
         same = [o for o in t.overrides if not o.startswith("trainer.abandon_below=")]
         steady = run_trial(
-            script,
+            runner,
             [*same, f"trainer.max_seconds={args.steady_seconds}"],
             out / "fidelity" / workload / f"trial_{n}",
             300,
@@ -661,6 +709,7 @@ def measure_fidelity(workload: str, out: Path, args: argparse.Namespace) -> list
             f" {t.value:,.1f}, steady {steady.value or 0:,.1f}: {shown}",
             flush=True,
         )
+    getattr(runner, "close", lambda: None)()
     with open(out / "fidelity.jsonl", "a") as fh:
         fh.writelines(json.dumps(r) + "\n" for r in rows)
     return rows
@@ -729,7 +778,7 @@ def tables(results: dict, sweep_seconds: dict, fidelity: dict) -> str:
             target = TARGETS.get(w, {}).get(key)
             goal = ""
             if target is not None and ratio is not None:
-                goal = f"{_target_text(target)} {'PASS' if _passes(target, ratio) else 'MISS'}"
+                goal = f"{_target_text(target)} {_outcome(target, ratio)}"
             shown = (ratio.get("shown") or ratio["verdict"]) if ratio else "not measured"
             lines.append(f"| {w} | {key} | {shown} | {goal} |")
         if res.get("memory_off/on"):
@@ -830,7 +879,7 @@ def main() -> int:
         default=["synthetic_loader", "photos", "unseen", "synthetic"],  # gpu_check.sh: "gpu"
         choices=WORKLOADS,
     )
-    parser.add_argument("--repeats", type=int, default=stats.MIN_ROUNDS, help="rounds")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds")
     parser.add_argument("--seconds", type=float, default=4.0, help="measured window per run")
     parser.add_argument(
         "--steady-seconds",
@@ -868,6 +917,11 @@ def main() -> int:
     )
     parser.add_argument("--sweep-extra", nargs="*", default=[], help="overrides for the sweep only")
     parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="every run a fresh process (and the sweep's trials: hydra.launcher.warm=false)",
+    )
+    parser.add_argument(
         "--preset-name", default=None, help="the preset the sweep writes (default bench_<workload>)"
     )
     parser.add_argument(
@@ -898,8 +952,8 @@ def main() -> int:
         results[workload] = measure_all(workload, out, args, cores, budget)
 
     print(
-        "\n== results (median samples/s over the rounds; ratios: median ratio [95% bootstrap"
-        " interval], a win or loss only when the interval excludes 1.0) =="
+        "\n== results (median samples/s over the rounds; ratios: geometric mean of the paired"
+        " rounds' ratios [95% interval], a win or loss only when the interval excludes 1.0) =="
     )
     checks = []
     for workload, res in results.items():

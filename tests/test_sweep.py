@@ -598,6 +598,18 @@ def _rows(sweep_dir: Path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
+def _hosts_of(pid: int) -> list[psutil.Process]:
+    """The warm trial hosts the sweep ``pid`` started."""
+    found = []
+    for p in psutil.Process(pid).children():
+        try:
+            if "feedrate.sweep.host" in p.cmdline():
+                found.append(p)
+        except psutil.Error:  # ended meanwhile
+            continue
+    return found
+
+
 def _our_processes(project: Path) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
@@ -971,21 +983,16 @@ def test_a_sweep_stopped_mid_trial_resumes_its_study(project, sig):
         text=True,
         start_new_session=True,
     )
-    # Once trial 0 has finished, wait for trial 1's process, then stop the sweep: SIGKILL to
-    # the sweep alone (its trials run in their own session), or Ctrl-C as a terminal sends it.
+    # Once trial 0 has finished and trial 1 has started in the warm trial host, stop the sweep:
+    # SIGKILL to the sweep alone (its host runs in its own session), or Ctrl-C as a terminal
+    # sends it.
     lines = []
     for line in sweep.stdout:
         lines.append(line)
         if "trial #0 " in line:
             break
     deadline = time.monotonic() + 60
-    while not (
-        trial := [
-            p
-            for p in psutil.Process(sweep.pid).children()
-            if "multirun/0/1" in " ".join(p.cmdline())
-        ]
-    ):
+    while not ((project / "multirun" / "0" / "1").exists() and (trial := _hosts_of(sweep.pid))):
         assert time.monotonic() < deadline, "".join(lines)
         time.sleep(0.1)
     if sig == signal.SIGKILL:
