@@ -75,6 +75,8 @@ WORKLOADS = {
     ],
     # Real JPEGs read, decoded and augmented from disk.
     "photos": ["dataset=photos", "model=pooled_linear"],
+    # A stream of tar shards (webdataset), decoded in the workers, training tiny_cnn.
+    "webdataset": ["dataset=webdataset"],
     # Photos at 224 px for a model that trains (benchmarks/gpu_check.sh adds model=resnet50
     # hardware=h200 through --extra: ResNet-50 in bf16).
     "gpu": ["dataset=photos", "dataset.image_size=224"],

@@ -33,17 +33,20 @@ def test_train_py_runs_end_to_end_and_writes_sane_metrics(tmp_path, photos_root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = _metrics(run_dir)
     assert m["samples_per_sec"] > 0
-    assert 0.0 <= m["data_wait_frac"] <= 1.0
+    # the figure is the samples over the measured time, the clock's own reading
+    assert m["measured_samples"] / m["samples_per_sec"] == pytest.approx(m["measured_seconds"])
     assert m["first_batch_s"] > 0
     assert m["measured_steps"] == 6 and m["steps"] == 8
     assert m["measured_samples"] == 6 * 16
     assert m["samples_per_sec"] == m["consumed_samples_per_sec"]  # epochs: what training ate
     assert m["produced_samples_per_sec"] > 0
-    assert m["step_time_p50_ms"] <= m["step_time_p90_ms"]
+    # steps are timed end to end: a typical step is no longer than the whole window
+    assert m["step_time_p50_ms"] * m["measured_steps"] <= 2 * 1000 * m["measured_seconds"]
     assert m["peak_pss_mb"] > m["peak_main_pss_mb"] > 0
     assert m["peak_processes"] == 3, "main process plus 2 workers"
     assert 0 < m["peak_uss_mb"] < m["peak_pss_mb"], "USS leaves out shared pages, PSS splits them"
-    assert 0 < m["cpu_util"] <= 1 and 0 <= m["other_cpu_frac"] <= 1
+    # the others' share is a part of the cores' busy share, read from another source
+    assert 0 <= m["other_cpu_frac"] <= m["cpu_util"]
     # the run's own batches in flight (2 workers x prefetch 2 x 16 x 12 KB), not all of /dev/shm
     assert m["peak_shm_mb"] < 8, "a reading of the whole /dev/shm, not what this run added"
     assert m["bound"] in ("input-bound", "compute-bound") and m["evidence"]
@@ -250,8 +253,9 @@ def test_ceiling_modes_measure_one_side_only(compose, tmp_path, measure):
 
 def test_held_out_split_reports_validation_metrics(compose, tmp_path):
     m = feedrate.run(compose("trainer.val_fraction=0.25"), output_dir=tmp_path)
-    assert 0.0 <= m["val_accuracy"] <= 1.0 and m["val_loss"] > 0
-    assert m["run"]["dataset_len"] == 256
+    assert m["run"]["dataset_len"] == 256 and m["val_loss"] > 0
+    # over the 64 held-out samples, not an average of per-batch accuracies
+    assert m["val_accuracy"] * 64 == pytest.approx(round(m["val_accuracy"] * 64))
 
 
 @pytest.mark.slow

@@ -118,6 +118,8 @@ class Host:
             if answer.get("leaked"):  # a trial left state the host cannot reset: retire it
                 log.warning("trial host retired: %s", answer["leaked"])
                 self.close()
+            elif not result.ok:  # it ran, but measured nothing usable: start afresh too
+                self.close()
         else:
             result = TrialResult(list(overrides), FAILED, duration_s=duration, job_dir=str(job_dir))
             result.reason = answer["reason"]
