@@ -4,8 +4,10 @@ hand: its smoke mode runs every stage shrunk to a CPU."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -121,8 +123,11 @@ def test_a_benchmark_cut_short_is_summarised_with_intervals_and_the_shared_core_
     assert summary["ceiling_kind"] == "shared"
     assert summary["ceiling"] == pytest.approx(1 / (1 / 2370 + 1 / 2605), rel=0.01)
     recipe = summary["ratios"]["tuned/recipe"]
-    # the CPU-capped run is a run of the tuned settings: it counts among them
-    assert recipe["ratio"] == pytest.approx(1297.5 / 351) and recipe["verdict"] == "win"
+    # paired by round; the CPU-capped run is a run of the tuned settings, in round 0 with it
+    tuned = [statistics.median([1300, 1280]), 1310, 1290, 1305, 1295]
+    paired = [t / r for t, r in zip(tuned, [350, 352, 349, 351, 353], strict=True)]
+    assert recipe["ratio"] == pytest.approx(math.exp(statistics.mean(map(math.log, paired))))
+    assert recipe["verdict"] == "win" and recipe["rounds"] == [5, 5], "round 5 failed: unpaired"
     assert recipe["low"] > 1.0 and "(target >= 5.0) MISS" not in proc.stdout, "no target here"
     grid = summary["ratios"]["tuned/best_grid"]
     assert grid["low"] < 1.0 < grid["high"] and grid["verdict"] == "tie"
@@ -130,7 +135,7 @@ def test_a_benchmark_cut_short_is_summarised_with_intervals_and_the_shared_core_
     photos = json.loads((tmp_path / "summary.json").read_text())["photos"]
     assert photos["ceiling"] is None and photos["ratios"]["tuned/ceiling"] is None
     assert photos["ratios"]["tuned/recipe"]["ratio"] == pytest.approx(1.25)
-    assert "no claim (1 runs, 5 needed)" in photos["ratios"]["tuned/recipe"]["shown"]
+    assert "no claim (1 rounds, 3 needed)" in photos["ratios"]["tuned/recipe"]["shown"]
     assert photos["failures"] == {"ceiling_compute": ["killed"]}
     assert "tuned/ceiling = n/a (target >= 0.9) NOT MEASURED" in proc.stdout
     assert "| synthetic | tuned/recipe | 3.70x [" in (tmp_path / "tables.md").read_text()
