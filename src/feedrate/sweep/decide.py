@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from feedrate import stats
 from feedrate.errors import FeedrateError
 from feedrate.files import atomic_write_text
-from feedrate.sweep.feasibility import Budget
+from feedrate.sweep.feasibility import Budget, run_memory_mb
 from feedrate.sweep.trial import TrialResult
 
 BASELINES = ("default", "recipe")
@@ -110,8 +110,8 @@ class Contestant:
 
     @property
     def peak_mb(self) -> float | None:
-        """The most memory any of its runs used (PSS of the tree), or None."""
-        peaks = [r.metrics.get("peak_pss_mb") or 0.0 for r in self.results if r.metrics]
+        """The most memory any of its runs used (:func:`run_memory_mb`), or None."""
+        peaks = [run_memory_mb(r.metrics) or 0.0 for r in self.results if r.metrics]
         return max(peaks) if any(peaks) else None
 
     def over_budget(self, budget: Budget | None) -> str:
@@ -120,9 +120,9 @@ class Contestant:
         return next((why for r in self.results if (why := budget.over(r.metrics))), "")
 
     def cost(self) -> tuple[float, float]:
-        """Cheaper first: fewer workers, then less memory (peak PSS of the process tree, the
-        one measure of a run's memory: docs/design.md, "Memory readings")."""
-        mem = [r.metrics.get("peak_pss_mb") or 0.0 for r in self.results if r.ok]
+        """Cheaper first: fewer workers, then less memory (:func:`run_memory_mb`, the one
+        measure of a run's memory: docs/design.md, "Memory readings")."""
+        mem = [run_memory_mb(r.metrics) or 0.0 for r in self.results if r.ok]
         return (self.loader().get("num_workers", 0), statistics.median(mem) if mem else 0.0)
 
 

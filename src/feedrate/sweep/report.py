@@ -17,7 +17,7 @@ import optuna  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from feedrate.files import atomic_write_text  # noqa: E402
-from feedrate.sweep.feasibility import memory_budget  # noqa: E402
+from feedrate.sweep.feasibility import memory_budget, run_memory_mb  # noqa: E402
 from feedrate.sweep.study import REASON_KEY  # noqa: E402
 from feedrate.sweep.trial import OK, OVER_BUDGET, TrialResult  # noqa: E402
 
@@ -41,6 +41,7 @@ COLUMNS = (
     "first_batch_s",
     "peak_pss_mb",
     "peak_shm_mb",
+    "memory_mb",
     "duration_s",
     "reason",
 )
@@ -78,6 +79,7 @@ def _row(phase: str, name: str, r: TrialResult) -> dict:
         "first_batch_s": m.get("first_batch_s"),
         "peak_pss_mb": m.get("peak_pss_mb"),
         "peak_shm_mb": m.get("peak_shm_mb"),
+        "memory_mb": run_memory_mb(m),  # the one measure of a run's memory
         "predicted_memory_mb": m.get("predicted_memory_mb"),  # skipped by the guard
         "duration_s": round(r.duration_s, 2),
         "reason": r.reason or m.get("abandoned") or "",
@@ -210,17 +212,17 @@ def _plot_memory(path: Path, table: list[dict], decision, budget) -> None:
     measured = [
         r
         for r in table
-        if r.get("samples_per_sec") and r.get("peak_pss_mb") and r["status"] in (OK, OVER_BUDGET)
+        if r.get("samples_per_sec") and r.get("memory_mb") and r["status"] in (OK, OVER_BUDGET)
     ]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for status, style in ((OK, "o"), (OVER_BUDGET, "x")):
-        pts = [(r["peak_pss_mb"], r["samples_per_sec"]) for r in measured if r["status"] == status]
+        pts = [(r["memory_mb"], r["samples_per_sec"]) for r in measured if r["status"] == status]
         if pts:
             ax.plot(*zip(*pts, strict=True), style, alpha=0.6, label=f"run ({status})")
     fits = [
-        (r["peak_pss_mb"], r["samples_per_sec"])
+        (r["memory_mb"], r["samples_per_sec"])
         for r in measured
-        if budget is None or r["peak_pss_mb"] <= budget.mb
+        if budget is None or r["memory_mb"] <= budget.mb
     ]
     front = pareto_front(fits)
     if front:
@@ -238,7 +240,7 @@ def _plot_memory(path: Path, table: list[dict], decision, budget) -> None:
     if budget is not None:
         ax.axvline(budget.mb, color="tab:red", linestyle="--", label=f"budget {budget.mb:,.0f} MB")
     winner = decision.winner
-    peaks = [r.metrics.get("peak_pss_mb") for r in winner.results if r.ok and r.metrics]
+    peaks = [run_memory_mb(r.metrics) for r in winner.results if r.ok and r.metrics]
     if winner.median and any(peaks):
         ax.plot(
             [statistics.median(p for p in peaks if p)],
@@ -252,7 +254,7 @@ def _plot_memory(path: Path, table: list[dict], decision, budget) -> None:
         fig,
         ax,
         path,
-        "peak memory, MB (PSS of the training process and its workers)",
+        "peak memory, MB (PSS of the process tree + its batches in /dev/shm)",
         "samples/s",
         "Throughput against memory (every measured run)",
     )
