@@ -152,11 +152,24 @@ def test_a_checkpoint_closes_the_window_and_measuring_resumes_after_a_fresh_warm
     assert all(r == pytest.approx(200.0) for r in times.window_rates)
 
 
-def test_measuring_ends_at_max_seconds():
+def test_measuring_ends_at_the_first_window_end_past_max_seconds():
     run = Run(total=10_000, max_seconds=1.0)
     assert run.steps(10_000) is True
-    assert run.meter.times.elapsed_s == pytest.approx(1.0, abs=0.05)
-    assert run.step < 100
+    times = run.meter.times
+    assert 1.0 <= times.elapsed_s + 1e-9 <= 1.2 + 1e-9, "at most one window (4 x 0.05 s) more"
+    assert len(times.step_s) % 4 == 0 and run.step < 100
+
+
+def test_workers_delivering_in_bursts_are_measured_over_whole_bursts():
+    # 4 workers started together: each burst is 4 batches after a 0.6 s wait for all of them.
+    # Cut at the step the clock ran out, a trial ends on one batch for a whole burst's wait.
+    run = Run(total=10_000, max_seconds=2.0, window=4)
+    for i in range(10_000):
+        if run.steps(1, wait=0.6 if i % 4 == 0 else 0.0, compute=0.01):
+            break
+    times = run.meter.times
+    rate = times.samples / times.elapsed_s
+    assert rate == pytest.approx(40 / 0.64), "4 batches of 10 per 0.6 s wait and 4 steps"
 
 
 def test_a_trial_clearly_below_the_floor_is_abandoned_after_a_second_and_two_windows():
