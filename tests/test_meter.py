@@ -55,7 +55,14 @@ class Run:
     ``compute`` s; the workers have produced ``produced`` samples so far."""
 
     def __init__(
-        self, total=30, backlog=0, measure=Measure.train, drift=None, window=None, **cfg
+        self,
+        total=30,
+        backlog=0,
+        measure=Measure.train,
+        drift=None,
+        window=None,
+        workers=0,
+        **cfg,
     ) -> None:
         self.clock, self.monitor, self.syncs, self.produced = Clock(), Monitor(), 0, 0
         self.total = total
@@ -76,6 +83,7 @@ class Run:
             sync=sync,
             clock=self.clock,
             drift=drift,
+            workers=workers,
         )
         self.step = 0
         self.meter.start(0)
@@ -126,6 +134,20 @@ def test_the_steady_state_warm_up_outlasts_the_start_up_backlog():
     assert warm["steps"] >= 12 and warm["settled"] is True
     assert run.meter.times.wait_s == pytest.approx([0.05] * len(run.meter.times.wait_s))
     assert max(run.meter.times.window_rates) == pytest.approx(10 / 0.09)
+
+
+def test_the_backlog_is_over_once_the_queue_runs_dry_after_every_worker_delivered():
+    # 4 workers x prefetch 10: a backlog of 40 batches; but training is faster than the
+    # workers, so after the 4 first batches it waits for each one: nothing is queued any more
+    run = Run(total=200, backlog=40, steady_state=True, window=4, workers=4)
+    run.steps(4, wait=0.3)  # the workers start: their first batches
+    run.steps(196, wait=0.05)
+    warm = run.meter.finish()["warmup"]
+    assert warm["settled"] is True and warm["steps"] < 20, "not the 40 steps of a backlog"
+    # a queue that never runs dry is eaten to its end before measuring
+    full = Run(total=200, backlog=40, steady_state=True, window=4, workers=4)
+    full.steps(200, wait=0.0)
+    assert full.meter.finish()["warmup"]["steps"] >= 40
 
 
 def test_samples_produced_meanwhile_are_counted_to_take_the_lower_of_the_two():

@@ -294,7 +294,7 @@ class SweepConfig:
     # Alternating re-measurements of each finalist and baseline: at most final_rounds; after
     # 3, no more once every contestant is significantly slower than another or within
     # `equivalence` of the fastest (more rounds could not change the choice by more).
-    final_rounds: int = 6
+    final_rounds: int = 5
     equivalence: float = 0.03
     final_seconds: float = 3.0  # measured window of each final run, after its warm-up
     # Before searching, loader-only and compute-only are measured; the search stops when a

@@ -37,7 +37,11 @@ class WarmUp:
     was not yet asking, and workers still starting up make the rate lower than it will be.
     So the warm-up lasts ``min_steps``, or the backlog and then windows of ``window_steps``
     until two in a row agree within ``tolerance`` (at most ``max_windows``: then measuring
-    starts anyway, ``settled`` False). ``clock`` is passed in so tests can drive it.
+    starts anyway, ``settled`` False). The backlog is gone before it has all been eaten when
+    training had to wait for a batch after every worker delivered once (``workers`` steps):
+    the queue ran dry, so batches now come at the workers' pace. Waiting out the whole backlog
+    there cost 46 workers x prefetch 8 of photos 70 s a run at 650 samples/s.
+    ``clock`` is passed in so tests can drive it.
     """
 
     def __init__(
@@ -50,9 +54,11 @@ class WarmUp:
         steady: bool = True,
         clock=time.perf_counter,
         sync=lambda: None,
+        workers: int = 0,
     ) -> None:
         self.min_steps = min_steps
         self.backlog = backlog if steady else 0
+        self.workers = workers
         self.window_steps = max(1, window_steps)
         self.tolerance = tolerance
         self.max_windows = max_windows if steady else 0
@@ -68,9 +74,12 @@ class WarmUp:
         self._last_rate: float | None = None
         self.cut = False  # the run ended before the warm-up did
 
-    def update(self) -> bool:
-        """One warm-up step done; True when the warm-up is over (measure from the next)."""
+    def update(self, waited: bool = False) -> bool:
+        """One warm-up step done (``waited``: mostly waiting for its batch); True when the
+        warm-up is over (measure from the next)."""
         self.steps += 1
+        if waited and self.steps > self.workers:  # the queue ran dry: no backlog is left
+            self.backlog = min(self.backlog, self.steps)
         if self.steps < max(self.min_steps, self.backlog):
             return False
         if self.max_windows == 0:
@@ -143,6 +152,7 @@ class Meter:
         clock: Callable[[], float] = time.perf_counter,
         bar: Any = None,  # a tqdm bar, for the figures of each window
         drift: DriftGuard | None = None,  # told each window's data-wait share
+        workers: int = 0,  # the loader's: the warm-up's backlog ends once the queue runs dry
     ) -> None:
         self.cfg, self.total, self.measure = cfg, total, measure
         # A measured window is at least num_workers steps (the caller's ``window_steps``):
@@ -160,6 +170,7 @@ class Meter:
             steady=cfg.steady_state,
             clock=clock,
             sync=sync,
+            workers=workers,
         )
         self.times = StepTimes()
         self.first_batch_s = float("nan")
@@ -236,7 +247,9 @@ class Meter:
             self._correct += (logits.detach().argmax(1) == targets).sum()
         self._seen += samples
         if self._warm_end is None:
-            if self.warm.update():
+            now = self.clock()  # did the step wait for its batch most of the time?
+            waited = self._t1 - self._t0 > 0.5 * (now - self._t0)
+            if self.warm.update(waited):
                 self._warm_end = step
             elif step >= self.total - 1:  # one step left: measure it anyway
                 self._warm_end = step

@@ -307,6 +307,7 @@ def train(
         backlog=startup_backlog(loader) if measure is not Measure.compute else 0,
         # a window that sees every worker deliver: workers started together deliver in bursts
         window_steps=max(cfg.window_steps, getattr(loader, "num_workers", 0) or 0),
+        workers=getattr(loader, "num_workers", 0) or 0,
         measure=measure,
         produced=lambda: produced_samples(loader),
         monitor=monitor,
