@@ -115,7 +115,7 @@ def test_a_failed_trial_is_named_and_the_next_gets_a_new_host(tmp_path):
         assert not bad.ok and bad.reason.startswith("exit status 2:"), bad.reason
         assert runner.proc is None, "the host that failed is gone"
         good = run_trial(runner, shrink([]), tmp_path / "good", 120)
-        assert good.ok and runner.started == 2 and runner.trials == 1
+        assert good.ok and runner.started == 2, "the next trial ran in a new host"
     finally:
         runner.close()
 
