@@ -435,8 +435,10 @@ def test_a_run_measures_after_the_backlog_and_records_its_warm_up(compose, tmp_p
         output_dir=tmp_path,
     )
     w = m["warmup"]
-    assert w["backlog_batches"] == 8, "2 workers x prefetch 4, consumed before measuring"
-    assert w["steps"] >= 8 + 2 * 2 and m["measured_steps"] == 60 - w["steps"]
+    # 2 workers x prefetch 4: a backlog of 8 batches, over sooner only when training had to
+    # wait for a batch after each worker delivered one (the queue ran dry: test_meter.py)
+    assert 2 < w["backlog_batches"] <= 8, w
+    assert w["steps"] >= w["backlog_batches"] + 2 * 2 and m["measured_steps"] == 60 - w["steps"]
     assert w["seconds"] > 0 and isinstance(w["settled"], bool)
 
 

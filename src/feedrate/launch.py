@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -416,12 +417,18 @@ def main(cfg: DictConfig, kept: Kept | None = None) -> float:
         metrics = run(cfg, kept=kept)
     except FeedrateError as exc:
         log.error("%s", exc)
-        sys.exit(exc.exit_code)
+        code = exc.exit_code
     except KeyboardInterrupt:
         log.error(
             "interrupted (Ctrl-C): stopped at once; checkpoints written before (every"
             " trainer.checkpoint_every steps) are kept, and trainer.resume=true continues from"
             " the last one"
         )
-        sys.exit(130)
-    return metrics[cfg.objective]
+        code = 130
+    else:
+        return metrics[cfg.objective]
+    # Out of the except block, the failure's frames (its loader, workers and batches) are
+    # released before the exit: batches shared by file descriptor hold one open each, and
+    # Python's exit-time clean-up (multiprocessing's temporary directory) needs one free.
+    gc.collect()
+    sys.exit(code)
