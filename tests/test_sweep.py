@@ -50,6 +50,7 @@ from feedrate.sweep.space import (
 )
 from feedrate.sweep.trial import Fresh, TrialResult, run_trial
 
+from . import fakes
 from .conftest import ROOT
 
 # ---------------------------------------------------------------------------------------------
@@ -519,28 +520,7 @@ def test_a_trial_that_measured_nothing_is_failed_never_a_value(tmp_path, metrics
 
 
 # ---------------------------------------------------------------------------------------------
-# The real command
-
-FAULTY = '''
-import torch
-from torch.utils.data import get_worker_info
-from feedrate.dataset import SyntheticDataset
-
-
-class FailsInLateWorkers(SyntheticDataset):
-    """Raises in worker 2 and up, like a corrupt file only some workers reach."""
-
-    def __getitem__(self, index):
-        info = get_worker_info()
-        if info is not None and info.id >= 2:
-            raise ValueError(f"corrupt sample {index}")
-        return super().__getitem__(index)
-
-
-class AlwaysFails(SyntheticDataset):
-    def __getitem__(self, index):
-        raise OSError(f"unreadable sample {index}")
-'''
+# The sweep: one real command end to end, the rest in process with simulated trials
 
 TINY_SWEEP = [
     "model=pooled_linear",
@@ -570,7 +550,6 @@ def project(tmp_path) -> Path:
     """A copy of train.py and conf/, so the sweep writes its preset there, not in the repo."""
     shutil.copy(ROOT / "train.py", tmp_path / "train.py")
     shutil.copytree(ROOT / "conf", tmp_path / "conf")
-    (tmp_path / "faulty_data.py").write_text(FAULTY)
     return tmp_path
 
 
@@ -704,20 +683,38 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
     assert _our_processes(project) == [], "a trial process outlived the sweep"
 
 
-@pytest.mark.slow
-def test_a_sweep_within_a_memory_budget_returns_a_preset_under_it(project):
-    """Spawned workers each import torch again (about 300 MB here, beside 600-720 MB for the
-    training process): a 1.4 GB budget admits two, and no more."""
-    proc = _sweep(
+def _simulated(project, monkeypatch, capsys, *args, name="tiny", n_trials=3, rounds=1, **kw):
+    """:func:`_sweep`'s sweep, in this process, its trials simulated (tests/fakes.py)."""
+    runner = fakes.Simulated(**kw)
+    swept = fakes.sweep(
         project,
+        "sweep=loader",
+        *TINY_SWEEP,
+        f"sweep.preset_name={name}",
+        f"hydra.sweeper.n_trials={n_trials}",
+        f"sweep.final_rounds={rounds}",
+        f"hydra.sweep.dir={project}/multirun/{len(list(project.glob('multirun/*')))}",
+        *args,
+        runner=runner,
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    return swept, runner
+
+
+def test_a_sweep_within_a_memory_budget_returns_a_preset_under_it(project, monkeypatch, capsys):
+    """Spawned workers each import torch again (about 300 MB, beside 600 MB for the training
+    process: the simulated runner's figures, as measured here): a 1.4 GB budget admits two."""
+    swept, _ = _simulated(
+        project,
+        monkeypatch,
+        capsys,
         *SLEEPY_SYNTHETIC,
         "sweep.start_methods=[spawn]",
         "sweep.memory_budget_gb=1.4",
-        "hydra.launcher.timeout_s=120",
         name="budget",
-        n_trials=3,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert swept.returncode == 0, swept.out[-3000:]
     sweep_dir = project / "multirun" / "0"
     rows = _rows(sweep_dir)
     over = [r for r in rows if r["status"] == "over budget" or "memory budget" in r["reason"]]
@@ -727,6 +724,7 @@ def test_a_sweep_within_a_memory_budget_returns_a_preset_under_it(project):
     assert "the sweep's budget was 1,434 MB (sweep.memory_budget_gb=1.4)" in text
     preset = yaml.safe_load(text)
     assert preset["measured_on"]["peak_pss_mb"] <= 1.4 * 1024
+    assert preset["num_workers"] == 2, "the most workers that fit, on a loader that wants more"
     assert (sweep_dir / "memory_vs_throughput.png").stat().st_size > 0
     assert "Memory budget: 1,434 MB" in (sweep_dir / "sweep_report.md").read_text()
 
@@ -756,35 +754,40 @@ class Sharded(IterableDataset):
 """
 
 
-@pytest.mark.slow
-def test_a_sweep_over_a_users_stream_searches_workers_up_to_its_shards(project):
+def test_a_sweep_over_a_users_stream_searches_workers_up_to_its_shards(
+    project, monkeypatch, capsys
+):
     (project / "sharded_stream.py").write_text(SHARDED)
-    proc = _sweep(
+    proc, _ = _simulated(
         project,
+        monkeypatch,
+        capsys,
         "dataset=custom",
         "dataset._target_=sharded_stream.Sharded",
         name="sharded",
-        n_trials=3,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "num_workers searched up to 3, the stream's shard count" in proc.stdout
+    assert proc.returncode == 0, proc.out[-3000:]
+    assert "num_workers searched up to 3, the stream's shard count" in proc.out
     rows = _rows(project / "multirun" / "0")
     assert all(int(r["num_workers"]) <= 3 for r in rows if r["phase"] == "search")
     assert all(float(r["samples_per_sec"]) > 0 for r in rows if r["status"] == "ok")
     assert OmegaConf.load(project / "conf" / "loader" / "sharded.yaml").num_workers <= 3
 
 
-@pytest.mark.slow
-def test_a_sweep_measures_its_ceiling_first_and_says_where_the_gap_is(project):
-    proc = _sweep(
+def test_a_sweep_measures_its_ceiling_first_and_says_where_the_gap_is(project, monkeypatch, capsys):
+    proc, runner = _simulated(
         project,
+        monkeypatch,
+        capsys,
         *SLEEPY_SYNTHETIC,
         "sweep.measure_ceilings=true",
         name="near",
         n_trials=2,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.out[-3000:]
+    out = proc.out
+    first = [o for o in runner.ran[:3] if "trainer.measure=loader" in o]
+    assert len(first) == 2 and "trainer.measure=compute" in runner.ran[2], "before any trial"
     assert "ceiling: " in out and "shared-core rate" in out, "measured and named first"
     sweep_dir = project / "multirun" / "0"
     limit = json.loads((sweep_dir / "ceilings.json").read_text())
@@ -796,32 +799,32 @@ def test_a_sweep_measures_its_ceiling_first_and_says_where_the_gap_is(project):
     assert (project / "conf" / "loader" / "near.yaml").exists()
 
 
-@pytest.mark.slow
-def test_failing_trials_are_recorded_and_the_sweep_finishes(project):
-    proc = _sweep(
-        project,
-        "dataset=custom",
-        "dataset._target_=faulty_data.FailsInLateWorkers",
-        "+dataset.n_samples=2000",
-        "+dataset.image_size=32",
-        "+dataset.io_latency_ms=4",
-        name="faulty",
+def _fails_past_two_workers(cfg) -> str | None:
+    """A corrupt file that only a third worker reaches (test_host.py runs a real one)."""
+    workers = cfg.loader.num_workers
+    return f"corrupt sample 1234 (worker 2 of {workers})" if workers > 2 else None
+
+
+def test_failing_trials_are_recorded_and_the_sweep_finishes(project, monkeypatch, capsys):
+    proc, _ = _simulated(
+        project, monkeypatch, capsys, *SLEEPY_SYNTHETIC, name="faulty", fail=_fails_past_two_workers
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.out[-3000:]
     rows = _rows(project / "multirun" / "0")
     failed = [r for r in rows if r["status"] == "failed"]
     assert failed, "the 4-worker seed trial and recipe should fail"
-    assert all("corrupt sample" in r["reason"] for r in failed), failed
+    assert all("exit status 2: corrupt sample 1234" in r["reason"] for r in failed), failed
+    assert {r["phase"] for r in failed} >= {"search", "final 1"}, "in the search and the finals"
     preset = OmegaConf.load(project / "conf" / "loader" / "faulty.yaml")
     assert preset.num_workers <= 2, "a configuration that failed became the preset"
-    assert _our_processes(project) == []
 
 
-def test_hand_written_preset_stops_the_sweep_before_any_trial(project):
+def test_hand_written_preset_stops_the_sweep_before_any_trial(project, monkeypatch, capsys):
     before = (project / "conf" / "loader" / "recipe.yaml").read_text()
-    proc = _sweep(project, "dataset=synthetic", name="recipe")
+    proc, runner = _simulated(project, monkeypatch, capsys, "dataset=synthetic", name="recipe")
     assert proc.returncode == 2
-    assert "was not written by a feedrate sweep" in proc.stdout + proc.stderr
+    assert "was not written by a feedrate sweep" in proc.out
+    assert runner.ran == []
     assert (project / "conf" / "loader" / "recipe.yaml").read_text() == before
     assert not list((project / "multirun" / "0").glob("[0-9]*")), "a trial ran"
 
@@ -838,26 +841,21 @@ SHRUNK_LR_SWEEP = (
 )
 
 
-def _lr_sweep(project: Path, *args: str) -> str:
-    """``train.py -m sweep=lr`` over the shrunk workload in ``project/lr``; its output."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "-m",
-            "sweep=lr",
-            *SHRUNK_LR_SWEEP,
-            *args,
-            f"hydra.sweep.dir={project}/lr",
-        ],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=600,
+def _lr_sweep(project: Path, monkeypatch, capsys, *args: str) -> str:
+    """``train.py -m sweep=lr`` over the shrunk workload in ``project/lr``, in this process,
+    its trials simulated (held-out accuracy peaks at lr 0.01); its output."""
+    swept = fakes.sweep(
+        project,
+        "sweep=lr",
+        *SHRUNK_LR_SWEEP,
+        *args,
+        f"hydra.sweep.dir={project}/lr",
+        runner=fakes.Simulated(),
+        monkeypatch=monkeypatch,
+        capsys=capsys,
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
-    return out
+    assert swept.returncode == 0, swept.out[-3000:]
+    return swept.out
 
 
 def _trial_statuses(sweep_dir: Path) -> list[str]:
@@ -866,7 +864,6 @@ def _trial_statuses(sweep_dir: Path) -> list[str]:
     return [json.loads(f.read_text())["status"] for f in jobs]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "setting",
     [
@@ -876,8 +873,10 @@ def _trial_statuses(sweep_dir: Path) -> list[str]:
     ],
     ids=["sqlite", "in-memory-in-batches"],
 )
-def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(project, setting):
-    out = _lr_sweep(project, *setting)
+def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(
+    project, monkeypatch, capsys, setting
+):
+    out = _lr_sweep(project, monkeypatch, capsys, *setting)
     best = OmegaConf.load(project / "lr" / "optimization_results.yaml")
     accuracies = [
         json.loads(f.read_text())["val_accuracy"] for f in (project / "lr").glob("*/metrics.json")
@@ -889,12 +888,13 @@ def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(project, se
     assert not list((project / "conf" / "loader").glob("tuned_*")), "sweep=lr wrote a preset"
 
 
-@pytest.mark.slow
-def test_trials_the_guard_skips_do_not_count_against_n_trials(project):
+def test_trials_the_guard_skips_do_not_count_against_n_trials(project, monkeypatch, capsys):
     """A skipped trial measures nothing, so the sweeper asks for another; at most n_trials
     more, for a guard that skips everything."""
     out = _lr_sweep(
         project,
+        monkeypatch,
+        capsys,
         "hydra.sweeper.n_trials=2",
         # nothing fits once the first trial taught the guard the footprint
         "hydra.launcher.memory_budget_frac=1e-6",
@@ -913,37 +913,40 @@ def test_trials_the_guard_skips_do_not_count_against_n_trials(project):
     assert len(reasons) == 3 and all("skipped: predicted memory" in r for (r,) in reasons)
 
 
-def test_fixing_a_searched_key_is_refused_before_any_trial(project):
-    proc = _sweep(
+def test_fixing_a_searched_key_is_refused_before_any_trial(project, monkeypatch, capsys):
+    proc, runner = _simulated(
         project,
+        monkeypatch,
+        capsys,
         "dataset=synthetic",
         "hardware=cpu",
         "loader.num_workers=4",
         "hardware.torch_threads=1",
         name="fixed",
     )
-    assert proc.returncode == 2
-    assert "loader.num_workers=4 fixes a key the loader sweep searches" in proc.stdout
-    assert "hardware.torch_threads=1 fixes a key" in proc.stdout
-    assert "sweep.search_threads=false" in proc.stdout, "how to keep the threads as they are"
+    assert proc.returncode == 2 and runner.ran == []
+    assert "loader.num_workers=4 fixes a key the loader sweep searches" in proc.out
+    assert "hardware.torch_threads=1 fixes a key" in proc.out
+    assert "sweep.search_threads=false" in proc.out, "how to keep the threads as they are"
     assert not list((project / "multirun" / "0").glob("[0-9]*")), "a trial ran"
 
 
-@pytest.mark.slow
-def test_every_trial_failing_exits_nonzero_and_keeps_the_preset(project):
+def test_every_trial_failing_exits_nonzero_and_keeps_the_preset(project, monkeypatch, capsys):
     preset = project / "conf" / "loader" / "doomed.yaml"
     preset.write_text(render({"num_workers": 3}, ["python train.py loader=doomed", "old"]))
     before = preset.read_text()
-    proc = _sweep(
+    proc, _ = _simulated(
         project,
-        "dataset=custom",
-        "dataset._target_=faulty_data.AlwaysFails",
+        monkeypatch,
+        capsys,
+        "dataset=synthetic",
         name="doomed",
         n_trials=2,
+        fail=lambda cfg: "sample 7 could not be read: unreadable sample 7",
     )
-    assert proc.returncode == 1, proc.stdout[-2000:]
-    assert "every trial of the study failed" in proc.stdout
-    assert "x failed: exit status 2: sample" in proc.stdout  # the reasons, counted
+    assert proc.returncode == 1, proc.out[-2000:]
+    assert "every trial of the study failed" in proc.out
+    assert "2 x failed: exit status 2: sample 7" in proc.out  # the reasons, counted
     assert preset.read_text() == before
 
 
@@ -955,7 +958,7 @@ def _trial_states(project: Path, name: str) -> list[tuple[int, str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
-def test_a_sweep_stopped_mid_trial_resumes_its_study(project, sig):
+def test_a_sweep_stopped_mid_trial_resumes_its_study(project, monkeypatch, capsys, sig):
     """Stopped mid-trial, then the same command again: the study goes on, its earlier trials
     kept and reported."""
     args = [
@@ -1018,11 +1021,12 @@ def test_a_sweep_stopped_mid_trial_resumes_its_study(project, sig):
     else:
         assert _trial_states(project, "stopped") == [(0, "COMPLETE"), (1, "RUNNING")]
 
-    again = _sweep(project, *args, name="stopped", n_trials=1)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "2 earlier trials" in again.stdout
+    # the same command again (its trials simulated: what is tested is the study it resumes)
+    again, _ = _simulated(project, monkeypatch, capsys, *args, name="stopped", n_trials=1)
+    assert again.returncode == 0, again.out[-3000:]
+    assert "2 earlier trials" in again.out
     if sig == signal.SIGKILL:
-        assert "trial(s) 1 of study" in again.stdout and "left running" in again.stdout
+        assert "trial(s) 1 of study" in again.out and "left running" in again.out
     assert _trial_states(project, "stopped") == [(0, "COMPLETE"), (1, "FAIL"), (2, "COMPLETE")]
     # the second session's report shows the first's trials beside its own
     rows = _rows(project / "multirun" / "1")
