@@ -52,8 +52,9 @@ if [[ "${FEEDRATE_GPU_CHECK:-}" == smoke ]]; then
            trainer.window_steps=2)
     SWEEP_EXTRA=(hydra.sweeper.n_trials=2 sweep.finalists=1 sweep.final_rounds=1
                  sweep.final_seconds=0.5 sweep.max_workers=2)
+    # the GPU runs' own options: no 20 s steady-state runs, no side rows
     BENCH=(--repeats 1 --seconds 0.5 --grid 2 --prefetch 2 --grid-seconds 0.5
-           --steady-seconds 1)
+           --steady-seconds 0 --no-side-rows)
     PRESET=${PRESET:-gpu_check_smoke}
     BUDGET=${FEEDRATE_GPU_BUDGET:-1100}
 elif [[ "${FEEDRATE_GPU_WORKLOAD:-gpu}" == gpu_decode ]]; then

@@ -44,13 +44,9 @@ def test_the_gpu_check_runs_every_stage_in_smoke_mode(tmp_path):
     gpu = bench["results"]["gpu"]
     assert gpu["median"]["tuned"] > 0 and gpu["ceiling"] > 0
     assert {"tuned/recipe", "tuned/ceiling"} <= set(gpu["ratios"])
-    # the threads the sweep tuned on this CPU (or left at one a worker) against the other way,
-    # where the tuned preset has workers to run them
-    if gpu["settings"]["tuned"]["num_workers"]:
-        assert gpu["threads"]["versus"] in ("default", "2_per_worker", "2_per_worker_forkserver")
-        assert "tuned threads / " in (out / "tables.md").read_text()
-    else:
-        assert gpu["threads"] is None
+    # as on the GPU: no side rows (memory reads off, the other threads), no steady-state runs
+    assert gpu["threads"] is None and gpu["memory_off/on"] is None
+    assert "steady-state" not in (out / "tables.md").read_text()
     assert bench["extra"][:2] == ["model=pooled_linear", "hardware=cpu"]
     assert (out / "bench.png").stat().st_size > 0
     env = json.loads((out / "environment.json").read_text())
