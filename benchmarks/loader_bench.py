@@ -51,7 +51,7 @@ from feedrate import stats
 from feedrate.environment import git_commit
 from feedrate.hardware import detect, usable_cores
 from feedrate.sweep import ceiling
-from feedrate.sweep.decide import resolved_settings
+from feedrate.sweep.decide import resolved_settings, twins
 from feedrate.sweep.host import Host
 from feedrate.sweep.trial import Fresh, Runner, TrialResult, run_trial
 
@@ -360,19 +360,15 @@ def first_ceilings(rows: list[dict], runs: dict, measure) -> dict[str, list[str]
 def merge_rows(rows: list[dict]) -> dict[str, str]:
     """Name -> the earlier contestant it resolved to the same settings as (the grid, the
     ceilings and the memory check are not contestants)."""
-    alias: dict[str, str] = {}
-    seen: list[tuple[dict, str]] = []
     # the tuned preset names its row whatever ran first (its own first run may have failed)
-    for r in sorted(rows, key=lambda r: r["name"] != "tuned"):
-        key = r.get("settings")
-        if r["status"] != "ok" or key is None or not _is_contestant(r["name"]):
-            continue
-        twin = next((n for k, n in seen if k == key), None)
-        if twin is None:
-            seen.append((key, r["name"]))
-        elif twin != r["name"]:
-            alias[r["name"]] = twin
-    return alias
+    ran = sorted(rows, key=lambda r: r["name"] != "tuned")
+    return twins(
+        [
+            (r["name"], r.get("settings"))
+            for r in ran
+            if r["status"] == "ok" and _is_contestant(r["name"])
+        ]
+    )
 
 
 def _is_contestant(name: str) -> bool:

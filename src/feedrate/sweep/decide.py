@@ -126,22 +126,39 @@ class Contestant:
         return (self.loader().get("num_workers", 0), statistics.median(mem) if mem else 0.0)
 
 
+def twins(settings: list[tuple[str, dict | None]]) -> dict[str, str]:
+    """Name -> the earlier name that ran the same resolved settings (``settings``: each name
+    with its :func:`resolved_settings`, in order; None: unknown, never a twin). The sweep's
+    finals and the benchmark merge contestants by this one rule."""
+    first: list[tuple[dict, str]] = []
+    found: dict[str, str] = {}
+    for name, key in settings:
+        if key is None:
+            continue
+        twin = next((n for k, n in first if k == key), None)
+        if twin is None:
+            first.append((key, name))
+        elif twin != name:
+            found[name] = twin
+    return found
+
+
 def merge_identical(contestants: list[Contestant], stream: bool) -> list[Contestant]:
     """One contestant per resolved configuration: a later one that ran the same settings as an
     earlier one is folded into it (its runs count for both); the order is kept."""
-    kept: list[tuple[dict | None, Contestant]] = []
+    by_name = {c.name: c for c in contestants}
+    settings = []
     for c in contestants:
         r = c.ok_result()
-        key = resolved_settings(r.metrics, stream) if r is not None else None
-        twin = next((k for s, k in kept if key is not None and s == key), None)
-        if twin is None:
-            kept.append((key, c))
-            continue
+        settings.append((c.name, resolved_settings(r.metrics, stream) if r is not None else None))
+    for name, twin_name in twins(settings).items():
+        c, twin = by_name[name], by_name[twin_name]
         twin.aliases += [c.name, *c.aliases]
         twin.rounds = [*twin.per_round_index(), *c.per_round_index()]
         twin.results += c.results
         twin.is_baseline = twin.is_baseline or c.is_baseline
-    return [c for _, c in kept]
+    folded = set(twins(settings))
+    return [c for c in contestants if c.name not in folded]
 
 
 CLEARLY_SLOWER = 0.5
