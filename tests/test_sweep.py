@@ -34,6 +34,7 @@ from feedrate.sweep.decide import (
     Contestant,
     decide,
     drop_clearly_slower,
+    drop_shown_slower,
     merge_identical,
     settled,
 )
@@ -145,6 +146,30 @@ def test_a_clearly_slower_contestant_stops_early_and_loses():
     assert drop_clearly_slower([default, cand]) == [default]
     d = decide([default, cand])
     assert d.winner is cand and "clearly slower" in d.reason
+
+
+def test_a_contestant_shown_slower_after_three_rounds_is_not_measured_further():
+    """Photos on 2 cores: recipe at 0.83 of the finalists every round, the two finalists
+    within 1% of each other. Rounds 4 and 5 are for the finalists alone."""
+    recipe = _contestant("recipe", [580, 574, 554], True, workers=4)
+    wide = _contestant("trial 6", [688, 688, 696], False, workers=46)
+    narrow = _contestant("trial 3", [683, 694, 702], False, workers=7)
+    two_rounds = [_contestant(c.name, c.values[:2], c.is_baseline) for c in (recipe, wide)]
+    assert drop_shown_slower(two_rounds, 0.03) == [], "fewer than 3 rounds show nothing"
+    assert drop_shown_slower([recipe, wide, narrow], 0.03) == [recipe]
+    assert "significantly slower than" in recipe.dropped and not wide.dropped
+    assert settled([recipe, wide, narrow], 0.03), "the finalists: within 3% of each other"
+    d = decide([recipe, wide, narrow])
+    assert d.winner is narrow and recipe in d.contestants and d.why_slower["recipe"]
+    assert d.versus_fastest["recipe"].rounds == (3, 3), "its three rounds still count"
+
+
+def test_a_contestant_within_the_margin_of_the_fastest_is_not_dropped():
+    # significantly slower over the paired rounds, by 1%: equal for practical purposes
+    fast = _contestant("trial 2", [1000, 1010, 990, 1005], False, workers=8)
+    close = _contestant("trial 1", [990, 1000, 980, 995], False, workers=4)
+    assert drop_shown_slower([fast, close], 0.03) == []
+    assert decide([fast, close]).winner is close
 
 
 def test_noise_between_identical_settings_is_a_tie():

@@ -31,6 +31,7 @@ from feedrate.sweep.decide import (
     decide,
     described,
     drop_clearly_slower,
+    drop_shown_slower,
     merge_identical,
     settled,
     write_decision,
@@ -305,6 +306,9 @@ class LoaderSweep(Callback):
                 for c in drop_clearly_slower(contestants):
                     bar.write(f"{c.label}: {c.dropped}")
                     bar.total -= rounds - 2
+            for c in drop_shown_slower(contestants, config.sweep.equivalence):
+                bar.write(f"{c.label}: {c.dropped}")
+                bar.total -= rounds - r - 1
             if r + 1 < rounds and settled(contestants, config.sweep.equivalence):
                 bar.write(
                     f"settled after {r + 1} rounds: every contestant is significantly slower"

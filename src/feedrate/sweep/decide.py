@@ -1,5 +1,5 @@
 """How the sweep decides: contestants re-measured in alternating rounds, those with the same
-resolved settings folded into one, the clearly slower dropped, and the cheapest of those that
+resolved settings folded into one, those shown slower dropped, and the cheapest of those that
 no other contestant is significantly faster than wins; the rounds stop once that is settled
 (docs/design.md, "How the sweep decides")."""
 
@@ -55,7 +55,7 @@ class Contestant:
     is_baseline: bool
     results: list[TrialResult] = field(default_factory=list)
     aliases: list[str] = field(default_factory=list)  # contestants that resolved to the same
-    dropped: str = ""  # why it was not measured to the last round (clearly slower)
+    dropped: str = ""  # why it was not measured to the last round (shown slower)
     rounds: list[int] = field(default_factory=list)  # the final round of each result
 
     def add(self, result: TrialResult, round_: int) -> None:
@@ -236,6 +236,27 @@ def slower_than_another(c: Contestant, others: list[Contestant], confidence: flo
         if versus is not None and versus.verdict == stats.LOSS:
             return f"significantly slower than {d.label}: {versus.describe()}"
     return ""
+
+
+def drop_shown_slower(contestants: list[Contestant], margin: float) -> list[Contestant]:
+    """After the minimum rounds, mark the contestants already shown slower than another, as
+    :func:`decide` would show them (simultaneous intervals, outside ``margin`` of the fastest),
+    so later rounds spend no time on them: more rounds only narrow their intervals. Their
+    rounds so far still count (the baselines' ratios pair the rounds both ran). Returns them."""
+    live = [c for c in contestants if c.values and not c.failures and not c.dropped]
+    if len(live) < 2 or min(len(c.per_round()) for c in live) < stats.MIN_ROUNDS:
+        return []
+    fastest = max(live, key=lambda c: c.median)
+    confidence = simultaneous(len(live))
+    out = []
+    for c in live:
+        why = slower_than_another(c, live, confidence) if c is not fastest else ""
+        versus = stats.compare(c.per_round(), fastest.per_round(), confidence)
+        if why and not (versus is not None and versus.low >= 1 - margin):
+            out.append((c, why))
+    for c, why in out:  # judged together, against the same live set
+        c.dropped = f"{why}; not measured further"
+    return [c for c, _ in out]
 
 
 def settled(contestants: list[Contestant], margin: float) -> bool:
