@@ -41,6 +41,7 @@ from feedrate.sweep.decide import (
 from feedrate.sweep.feasibility import Budget, FeasibilityGuard, Footprint, memory_budget, predict
 from feedrate.sweep.preset import MARKER, check_writable, preset_path, render
 from feedrate.sweep.report import pareto_front
+from feedrate.sweep.report import rows as report_rows
 from feedrate.sweep.space import (
     loader_search_space,
     max_threads,
@@ -48,6 +49,7 @@ from feedrate.sweep.space import (
     search_threads,
     seed_settings,
     seed_workers,
+    worker_bound,
 )
 from feedrate.sweep.trial import Fresh, TrialResult, run_trial
 
@@ -317,6 +319,38 @@ def test_the_first_trials_climb_a_ladder_of_worker_counts(monkeypatch):
     assert seed_workers(cfg) == [2, 4]
 
 
+def test_the_seeds_bound_the_workers_searched_once_the_rate_falls_past_the_best():
+    seeds = [2, 8, 32]
+    # photos on 2 cores, as measured: the rate falls past 2 workers
+    assert worker_bound(seeds, {2: 644.0, 8: 570.0}) is None, "32 has not run yet"
+    limit, why = worker_bound(seeds, {2: 644.0, 8: 570.0, 32: 567.0})
+    assert limit == 8 and "8 workers 570, 32 workers 567" in why
+    # a later trial at 7 workers is the best: the seeds past it still fall, the bound holds
+    assert worker_bound(seeds, {2: 644.0, 8: 570.0, 32: 567.0, 7: 681.0})[0] == 8
+    # latency-bound data: the top seed is the best, nothing is bounded
+    assert worker_bound(seeds, {2: 191.0, 8: 724.0, 32: 2651.0}) is None
+    # within noise of the best is not falling
+    assert worker_bound(seeds, {2: 644.0, 8: 630.0, 32: 500.0}) is None
+
+
+def test_trials_past_the_seeds_bound_are_skipped_not_run(compose, monkeypatch):
+    from hydra_plugins.feedrate_launcher.trial_launcher import FeedrateTrialLauncher
+
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 2.0)
+    base = ["sweep=loader", "sweep.max_workers=32"]
+    launcher = FeedrateTrialLauncher()
+    for workers, value in ((2, 644.0), (8, 570.0), (32, 567.0)):
+        launcher._learn_bound(compose(*base, f"loader.num_workers={workers}"), value)
+    skip = launcher._past_bound(compose(*base, "loader.num_workers=12"))
+    assert skip is not None and skip.reason.startswith("12 workers: the seeds past 2")
+    assert launcher._past_bound(compose(*base, "loader.num_workers=8")) is None
+    off = FeedrateTrialLauncher()
+    for workers, value in ((2, 644.0), (8, 570.0), (32, 567.0)):
+        cfg = compose(*base, "sweep.bound_by_seeds=false", f"loader.num_workers={workers}")
+        off._learn_bound(cfg, value)
+    assert off._past_bound(compose(*base, "loader.num_workers=12")) is None
+
+
 def test_threads_are_searched_where_the_model_shares_the_cpu(compose, monkeypatch):
     monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 2.0)
     monkeypatch.setattr("feedrate.sweep.space.torch.get_num_threads", lambda: 4)
@@ -482,6 +516,28 @@ def test_when_nothing_fits_the_budget_the_error_says_how_much_would():
         decide([base, fast], Budget(50.0, "sweep.memory_budget_gb=0.05"))
     assert "within the memory budget" in str(info.value)
     assert "the least any of them used was 100 MB" in str(info.value)
+
+
+def test_the_report_names_each_trial_by_its_study_number_and_leaves_out_seeds_never_run():
+    """A search stopped near the ceiling after its first seed leaves the other seeds waiting
+    in the study; a later session's trials follow the earlier ones'."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    for workers in (2, 8, 32):
+        study.enqueue_trial({"loader.num_workers": workers})
+    study.tell(study.ask(), 620.0)  # session 1 ran the first seed, then stopped
+    ran = TrialResult(["loader.num_workers=2"], "ok", value=620.0, metrics={}, job_dir="/s1/0")
+    table = report_rows(study, [ran], [], n_new=1)
+    assert [(r["phase"], r["name"]) for r in table] == [("search", "trial 0")]
+    study.tell(study.ask(), 700.0)  # session 2 runs the next waiting seed (trial 1)
+    again = TrialResult(["loader.num_workers=8"], "ok", value=700.0, metrics={}, job_dir="/s2/0")
+    table = report_rows(study, [again], [], n_new=1)
+    assert [(r["phase"], r["name"]) for r in table] == [
+        ("earlier session", "trial 0"),
+        ("search", "trial 1"),
+    ]
 
 
 def test_the_pareto_front_keeps_what_nothing_beats_on_both():
@@ -1198,6 +1254,32 @@ def test_the_search_stops_near_the_ceiling_only_when_a_second_run_agrees():
     launcher._check_ceiling(config, 5, 985.0, _confirmed_at(975.0, calls))
     assert launcher.stop_reason.startswith("trial 5 reaches 0.98 of what this machine allows")
     assert "and 0.97 in a second run" in launcher.stop_reason
+
+
+def test_a_ceiling_measured_higher_the_second_time_keeps_the_search_going(tmp_path):
+    """One short loader-only run can be unlucky: photos on 2 cores read 770 and 903 samples/s
+    at the same 2 workers in two sweeps. Before stopping, the ceiling is measured again and
+    the higher figure kept."""
+    from hydra_plugins.feedrate_launcher.trial_launcher import FeedrateTrialLauncher
+
+    launcher = FeedrateTrialLauncher()
+    launcher._ceiling = ceiling.Ceiling(ceiling.LOADER, 1000.0, None, "2 workers", 2)
+    launcher._ceiling_read = True
+    config = OmegaConf.create(
+        {"sweep": {"stop_within": 0.03}, "hydra": {"sweep": {"dir": str(tmp_path)}}}
+    )
+    calls: list[float] = []
+    launcher._check_ceiling(
+        config, 4, 985.0, _confirmed_at(980.0, calls), _confirmed_at(1100.0, calls)
+    )
+    assert calls == [980.0, 1100.0] and launcher.stop_reason is None
+    assert ceiling.read_ceiling(tmp_path).loader_only == 1100.0, "the report shows it too"
+    # lower the second time: the first figure stands, and a trial near it stops the search
+    launcher._check_ceiling(
+        config, 5, 1080.0, _confirmed_at(1075.0, calls), _confirmed_at(1000.0, calls)
+    )
+    assert launcher._ceiling.loader_only == 1100.0
+    assert launcher.stop_reason.startswith("trial 5 reaches 0.98 of what this machine allows")
 
 
 def test_the_ceiling_that_applies_depends_on_where_the_model_runs():

@@ -303,6 +303,10 @@ class SweepConfig:
     stop_within: float = 0.03
     # A trial stops measuring once clearly worse: below this share of the best trial so far.
     abandon_below: float = 0.5
+    # Once every seed above the best trial's worker count is clearly slower than it, worker
+    # counts past the first of those seeds are not searched (each costs its start-up and
+    # finds nothing: the rate falls there). false: search up to max_workers all the same.
+    bound_by_seeds: bool = True
     # Search loader.worker_threads and loader.main_threads too; null: where the model trains
     # on the CPU the workers use (not on a GPU, where one thread a worker is the norm).
     search_threads: bool | None = None

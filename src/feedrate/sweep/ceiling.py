@@ -73,6 +73,7 @@ class Ceiling:
     loader_only: float
     compute_only: float | None
     loader_settings: str = ""  # what the loader-only figure ran with (``48 workers``)
+    loader_workers: int | None = None  # its worker count, to measure it again
 
     @property
     def value(self) -> float:
@@ -96,7 +97,24 @@ class Ceiling:
     @classmethod
     def from_dict(cls, data: dict) -> Ceiling:
         """Back from ``as_dict`` (``ceilings.json``); the derived keys are recomputed."""
-        return cls(data["kind"], data["loader_only"], data["compute_only"], data["loader_settings"])
+        return cls(
+            data["kind"],
+            data["loader_only"],
+            data["compute_only"],
+            data["loader_settings"],
+            data.get("loader_workers"),
+        )
+
+    def write(self, sweep_dir: str | Path) -> None:
+        atomic_write_text(Path(sweep_dir) / CEILINGS_FILE, json.dumps(self.as_dict(), indent=2))
+
+    def loader_only_run(self, config: DictConfig) -> list[str]:
+        """The overrides of its loader-only run (``loader_workers``), for measuring it again."""
+        return [
+            *base_args(config),
+            "trainer.measure=loader",
+            f"loader.num_workers={self.loader_workers}",
+        ]
 
 
 def gap(end_to_end: float, ceiling: Ceiling) -> tuple[str, dict[str, float]]:
@@ -184,10 +202,9 @@ def measure_ceilings(config: DictConfig, runner: Runner) -> Ceiling | None:
         loader.value,
         compute.value,
         f"{workers} workers",
+        workers,
     )
-    atomic_write_text(
-        Path(config.hydra.sweep.dir) / CEILINGS_FILE, json.dumps(limit.as_dict(), indent=2)
-    )
+    limit.write(config.hydra.sweep.dir)
     log.info(
         "ceiling: %s; the search stops when a trial reaches %.2f of it",
         limit.describe(),

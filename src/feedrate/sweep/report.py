@@ -6,6 +6,7 @@ import csv
 import io
 import re
 import statistics
+from datetime import datetime
 from pathlib import Path
 
 import matplotlib
@@ -87,8 +88,14 @@ def _row(phase: str, name: str, r: TrialResult) -> dict:
 
 
 def rows(study: optuna.Study, search: list[TrialResult], contestants, n_new: int) -> list[dict]:
+    """The table of the study's trials, this session's finals among them. This session's
+    ``n_new`` search trials are the study's last started; a seed never asked (the search
+    stopped near the ceiling first) is no trial and is left out."""
     out = []
-    earlier = study.trials[: max(0, len(study.trials) - n_new)]
+    ran = [t for t in study.trials if t.state != optuna.trial.TrialState.WAITING]
+    ran.sort(key=lambda t: (t.datetime_start or datetime.min, t.number))
+    split = max(0, len(ran) - n_new)
+    earlier, new = sorted(ran[:split], key=lambda t: t.number), ran[split:]
     for t in earlier:
         params = {k.split(".", 1)[1]: v for k, v in t.params.items()}
         out.append(
@@ -101,9 +108,8 @@ def rows(study: optuna.Study, search: list[TrialResult], contestants, n_new: int
                 "samples_per_sec": t.value,
             }
         )
-    first_new = len(study.trials) - n_new
     for i, r in enumerate(search):
-        out.append(_row("search", f"trial {first_new + i}", r))
+        out.append(_row("search", f"trial {new[i].number if i < len(new) else '?'}", r))
     for c in contestants:
         for k, r in enumerate(c.results):
             found = re.search(r"round(\d+)_", r.job_dir)

@@ -72,6 +72,31 @@ def seed_workers(cfg: DictConfig) -> list[int]:
     return sorted({min(top, k * cores) for k in SEED_LADDER})
 
 
+FALLING = 0.95  # a seed below this share of the best is clearly slower, not noise
+
+
+def worker_bound(seeds: list[int], best_at: dict[int, float]) -> tuple[int, str] | None:
+    """The most workers still worth searching, and why; None while the seeds do not show it.
+
+    ``best_at``: the best figure measured at each worker count so far. When every seed above
+    the best trial's worker count ran and is clearly slower than it (below ``FALLING``), the
+    rate falls past them: decoding that competes for the cores (photos on 2 cores: 644
+    samples/s at 2 workers, 570 at 8, 567 at 32, a 46-worker trial no better than 7 workers
+    and 50 s of start-up a run). Counts past the first such seed are then not searched."""
+    if not best_at:
+        return None
+    best_workers = max(best_at, key=lambda n: best_at[n])
+    best = best_at[best_workers]
+    above = [n for n in sorted(set(seeds)) if n > best_workers]
+    if not above or any(n not in best_at or best_at[n] >= FALLING * best for n in above):
+        return None
+    falling = ", ".join(f"{n} workers {best_at[n]:,.0f}" for n in above)
+    return above[0], (
+        f"the seeds past {best_workers} workers ({best:,.0f} samples/s) are clearly slower"
+        f" ({falling}), so no more than {above[0]} workers are searched"
+    )
+
+
 def seed_settings(cfg: DictConfig) -> dict[str, Any]:
     """What the seeds share, so they differ in the worker count alone: the loader the sweep
     started from (prefetch 2 where it sets none) and its start method, pinned as the hardware
