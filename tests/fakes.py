@@ -57,11 +57,13 @@ class Simulated:
 
     ``fail``: the reason a trial of this config fails, or None; the trial then exits 2 with
     that ``[ERROR]`` line, as a run with a fault does. ``seconds``: how long each trial takes.
-    ``ran``: each trial's overrides, in order.
+    ``speed``: a factor on the modelled rate, from the trial's overrides (a contestant made
+    slower). ``ran``: each trial's overrides, in order.
     """
 
     fail: Callable[[DictConfig], str | None] = lambda cfg: None
     seconds: float = 0.0
+    speed: Callable[[list[str]], float] = lambda overrides: 1.0
     ran: list[list[str]] = field(default_factory=list)
 
     def __call__(
@@ -79,7 +81,7 @@ class Simulated:
             (job_dir / "trial.log").write_text(f"[{datetime.now()}][feedrate][ERROR] - {reason}\n")
             return read_result(job_dir, 2, overrides, time.perf_counter() - started, objective)
         (job_dir / "environment.json").write_text(json.dumps(_environment()))
-        metrics = simulate(cfg, overrides, len(self.ran))
+        metrics = simulate(cfg, overrides, len(self.ran), self.speed(list(overrides)))
         (job_dir / "metrics.json").write_text(json.dumps(metrics))
         (job_dir / "trial.log").write_text(f"samples/s {metrics['samples_per_sec']:.1f}\n")
         return read_result(job_dir, 0, overrides, time.perf_counter() - started, objective)
@@ -91,7 +93,7 @@ def _environment() -> dict:
     return environment.describe(dataclasses.asdict(hardware.detect()))
 
 
-def simulate(cfg: DictConfig, overrides: list[str], nth: int) -> dict:
+def simulate(cfg: DictConfig, overrides: list[str], nth: int, speed: float = 1.0) -> dict:
     """The metrics.json a run of ``cfg`` would write, from :func:`loader_rate`; a jitter of
     +-0.5% that differs from trial to trial (``nth``) stands for the machine's noise."""
     loader = OmegaConf.to_container(cfg.loader, resolve=True, enum_to_str=True)
@@ -109,7 +111,7 @@ def simulate(cfg: DictConfig, overrides: list[str], nth: int) -> dict:
     else:
         rate = min(delivered, 1.0 / COMPUTE_S)
     digest = hashlib.sha256(f"{sorted(overrides)}{nth}".encode()).digest()
-    rate *= 1.0 + (digest[0] / 255.0 - 0.5) / 100.0
+    rate *= speed * (1.0 + (digest[0] / 255.0 - 0.5) / 100.0)
     wait = max(0.0, 1.0 - rate * COMPUTE_S) if measure == "train" else 0.0
     workers_mb = workers * WORKER_MB.get(method, 300.0)
     seconds = float(cfg.trainer.get("max_seconds") or 1.0)

@@ -900,6 +900,30 @@ def test_failing_trials_are_recorded_and_the_sweep_finishes(project, monkeypatch
     assert preset.num_workers <= 2, "a configuration that failed became the preset"
 
 
+def test_finals_go_on_without_a_baseline_shown_slower_and_the_preset_says_by_how_much(
+    project, monkeypatch, capsys
+):
+    """recipe runs at 0.85 of the finalist every round: shown slower after three rounds, it
+    is not measured further, and the preset's header gives its ratio over those rounds."""
+    proc, runner = _simulated(
+        project,
+        monkeypatch,
+        capsys,
+        *SLEEPY_SYNTHETIC,
+        name="five",
+        rounds=5,
+        speed=lambda overrides: 0.85 if "loader=recipe" in overrides else 1.0,
+    )
+    assert proc.returncode == 0, proc.out[-3000:]
+    assert "recipe: significantly slower than trial" in proc.out
+    recipe_runs = [o for o in runner.ran if "loader=recipe" in o]
+    assert len(recipe_runs) == 3, "not measured after the third round"
+    header = (project / "conf" / "loader" / "five.yaml").read_text()
+    line = next(ln for ln in header.splitlines() if ln.startswith("#   vs recipe:"))
+    assert re.search(r"/ it = 1\.1\dx \[[\d.]+, [\d.]+\] win \(95% interval, 3 paired", line), line
+    assert "clearly slower" in next(ln for ln in header.splitlines() if "vs default" in ln)
+
+
 def test_hand_written_preset_stops_the_sweep_before_any_trial(project, monkeypatch, capsys):
     before = (project / "conf" / "loader" / "recipe.yaml").read_text()
     proc, runner = _simulated(project, monkeypatch, capsys, "dataset=synthetic", name="recipe")

@@ -384,10 +384,15 @@ def _preset_header(
         if c is winner or c.median is None:
             continue
         versus = stats.compare(winner.per_round(), c.per_round())
-        against = c.dropped or clearly_slower(c, winner) or described(versus)
+        paired = versus.rounds[0] if versus is not None else 0
+        against = (  # the ratio where the rounds both ran can show one; else why it stopped
+            described(versus)
+            if paired >= stats.MIN_ROUNDS
+            else c.dropped or clearly_slower(c, winner) or described(versus)
+        )
         lines.append(
             f"  vs {c.label}: {c.median:,.1f} samples/s; {winner.name} / it = {against}"
-            f" (95% interval, {len(c.per_round())} paired rounds)"
+            f" (95% interval, {paired} paired rounds)"
         )
     lines += [
         f"Decision: {decision.reason}.",
