@@ -1006,7 +1006,7 @@ def test_trials_the_guard_skips_do_not_count_against_n_trials(project, monkeypat
     )
     statuses = _trial_statuses(project / "lr")
     assert statuses == ["ok", "skipped", "skipped", "skipped"], out[-3000:]
-    assert "1 of 2 trials run; 3 more were skipped by the feasibility guard" in out
+    assert "1 of 2 trials run; 3 more were skipped before running (predicted not to fit" in out
     # pruned, not failed: TPE ranks a pruned trial below every completed one and moves away
     (db,) = (project / "outputs" / "sweeps").glob("lr-*.db")
     with sqlite3.connect(db) as con:

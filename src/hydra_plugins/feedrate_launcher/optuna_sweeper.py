@@ -117,17 +117,17 @@ class FeedrateOptunaSweeper(OptunaSweeper):
         skipped = len(skips())
         if skipped and replaces:
             log.info(
-                "%d of %d trials run; %d more were skipped by the feasibility guard (predicted"
-                " not to fit; pruned for Optuna) and did not count against"
-                " hydra.sweeper.n_trials",
+                "%d of %d trials run; %d more were skipped before running (predicted not to"
+                " fit, or past the workers the seeds bound; each reason in trials.csv; pruned"
+                " for Optuna) and did not count against hydra.sweeper.n_trials",
                 len(asked) - skipped,
                 wanted,
                 skipped,
             )
         elif skipped:
             log.info(
-                "%d trials run; %d skipped by the feasibility guard (predicted not to fit;"
-                " pruned for Optuna)",
+                "%d trials run; %d skipped before running (predicted not to fit, or past the"
+                " workers the seeds bound; each reason in trials.csv; pruned for Optuna)",
                 len(asked) - skipped,
                 skipped,
             )

@@ -153,11 +153,13 @@ class FeedrateTrialLauncher(Launcher):
         sweep = config.get("sweep")
         if not sweep or not sweep.get("bound_by_seeds") or "num_workers" not in config.loader:
             return
-        from feedrate.sweep.space import seed_workers, worker_bound
+        from feedrate.sweep.space import max_workers, seed_workers, worker_bound
 
         workers = int(config.loader.num_workers)
         self.best_at[workers] = max(value, self.best_at.get(workers, 0.0))
         bound = worker_bound(seed_workers(config), self.best_at)
+        if bound is not None and bound[0] >= max_workers(config):
+            bound = None  # the top seed: nothing past it is searched anyway
         if bound is not None and (self.bound is None or bound[0] != self.bound[0]):
             log.info("%s (sweep.bound_by_seeds=false searches them all)", bound[1])
         self.bound = bound
