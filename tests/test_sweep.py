@@ -349,6 +349,12 @@ def test_trials_past_the_seeds_bound_are_skipped_not_run(compose, monkeypatch):
         cfg = compose(*base, "sweep.bound_by_seeds=false", f"loader.num_workers={workers}")
         off._learn_bound(cfg, value)
     assert off._past_bound(compose(*base, "loader.num_workers=12")) is None
+    top = FeedrateTrialLauncher()  # seeds 2 and 8 under sweep.max_workers=8
+    for workers, value in ((2, 644.0), (8, 570.0)):
+        top._learn_bound(
+            compose("sweep=loader", "sweep.max_workers=8", f"loader.num_workers={workers}"), value
+        )
+    assert top.bound is None, "a bound at the top seed bounds nothing"
 
 
 def test_threads_are_searched_where_the_model_shares_the_cpu(compose, monkeypatch):
