@@ -108,13 +108,11 @@ class Ceiling:
     def write(self, sweep_dir: str | Path) -> None:
         atomic_write_text(Path(sweep_dir) / CEILINGS_FILE, json.dumps(self.as_dict(), indent=2))
 
-    def loader_only_run(self, config: DictConfig) -> list[str]:
-        """The overrides of its loader-only run (``loader_workers``), for measuring it again."""
-        return [
-            *base_args(config),
-            "trainer.measure=loader",
-            f"loader.num_workers={self.loader_workers}",
-        ]
+
+def loader_only_run(config: DictConfig, workers: int) -> list[str]:
+    """The overrides of a loader-only ceiling run at ``workers``: the sweep's own command line
+    (``sweep=loader`` among it: the trials' measurement), no model."""
+    return [*base_args(config), "trainer.measure=loader", f"loader.num_workers={workers}"]
 
 
 def gap(end_to_end: float, ceiling: Ceiling) -> tuple[str, dict[str, float]]:
@@ -173,21 +171,17 @@ def measure_ceilings(config: DictConfig, runner: Runner) -> Ceiling | None:
         return None
     out = Path(config.hydra.sweep.dir) / "ceilings"
     timeout = config.hydra.launcher.timeout_s
-    base = base_args(config)  # sweep=loader among them: the trials' own measurement
     seeds = seed_workers(config)
     at = {
-        n: run_trial(
-            runner,
-            [*base, "trainer.measure=loader", f"loader.num_workers={n}"],
-            out / f"loader_{n}",
-            timeout,
-        )
+        n: run_trial(runner, loader_only_run(config, n), out / f"loader_{n}", timeout)
         for n in sorted(set(seeds))
     }
     measured = {n: r for n, r in at.items() if r.ok}
     workers = max(measured, key=lambda n: measured[n].value) if measured else seeds[-1]
     loader = at[workers]
-    compute = run_trial(runner, [*base, "trainer.measure=compute"], out / "compute", timeout)
+    compute = run_trial(
+        runner, [*base_args(config), "trainer.measure=compute"], out / "compute", timeout
+    )
     (Path(config.hydra.sweep.dir) / CEILINGS_FILE).unlink(missing_ok=True)
     if not (loader.ok and compute.ok):
         failed = loader if not loader.ok else compute

@@ -151,13 +151,13 @@ def merge_identical(contestants: list[Contestant], stream: bool) -> list[Contest
     for c in contestants:
         r = c.ok_result()
         settings.append((c.name, resolved_settings(r.metrics, stream) if r is not None else None))
-    for name, twin_name in twins(settings).items():
+    folded = twins(settings)
+    for name, twin_name in folded.items():
         c, twin = by_name[name], by_name[twin_name]
         twin.aliases += [c.name, *c.aliases]
         twin.rounds = [*twin.per_round_index(), *c.per_round_index()]
         twin.results += c.results
         twin.is_baseline = twin.is_baseline or c.is_baseline
-    folded = set(twins(settings))
     return [c for c in contestants if c.name not in folded]
 
 
@@ -238,6 +238,13 @@ def slower_than_another(c: Contestant, others: list[Contestant], confidence: flo
     return ""
 
 
+def within_margin(c: Contestant, fastest: Contestant, confidence: float, margin: float) -> bool:
+    """The whole interval of ``c`` against ``fastest`` lies above 1 - ``margin``: equal for
+    practical purposes, whatever a significance test says."""
+    versus = stats.compare(c.per_round(), fastest.per_round(), confidence)
+    return versus is not None and versus.low >= 1 - margin
+
+
 def drop_shown_slower(contestants: list[Contestant], margin: float) -> list[Contestant]:
     """After the minimum rounds, mark the contestants already shown slower than another, as
     :func:`decide` would show them (simultaneous intervals, outside ``margin`` of the fastest),
@@ -251,8 +258,7 @@ def drop_shown_slower(contestants: list[Contestant], margin: float) -> list[Cont
     out = []
     for c in live:
         why = slower_than_another(c, live, confidence) if c is not fastest else ""
-        versus = stats.compare(c.per_round(), fastest.per_round(), confidence)
-        if why and not (versus is not None and versus.low >= 1 - margin):
+        if why and not within_margin(c, fastest, confidence, margin):
             out.append((c, why))
     for c, why in out:  # judged together, against the same live set
         c.dropped = f"{why}; not measured further"
@@ -273,8 +279,7 @@ def settled(contestants: list[Contestant], margin: float) -> bool:
     for c in live:
         if c is fastest or slower_than_another(c, live, confidence):
             continue
-        versus = stats.compare(c.per_round(), fastest.per_round(), confidence)
-        if versus is None or versus.low < 1 - margin:
+        if not within_margin(c, fastest, confidence, margin):
             return False
     return True
 

@@ -208,11 +208,15 @@ class FeedrateTrialLauncher(Launcher):
         return [f"trainer.abandon_below={share * self.best:.1f}"]
 
     def _loader_only_again(self, runner, job_dir: Path):
-        """The ceiling's loader-only run once more, beside the trial that came near it."""
+        """The ceiling's loader-only run once more, beside the trial that came near it (None
+        when the ceiling does not say at how many workers it ran)."""
+        from feedrate.sweep.ceiling import loader_only_run
         from feedrate.sweep.trial import run_trial
 
         assert self.config is not None and self._ceiling is not None
-        overrides = self._ceiling.loader_only_run(self.config)
+        if self._ceiling.loader_workers is None:
+            return None
+        overrides = loader_only_run(self.config, self._ceiling.loader_workers)
         return run_trial(runner, overrides, job_dir / "ceiling_again", self.timeout_s)
 
     def _check_ceiling(
