@@ -43,6 +43,7 @@ from feedrate.sweep.trial import (
     die_with_parent,
     kill_group,
     read_result,
+    reap,
     reason_for,
     remove_dead_shm,
 )
@@ -198,6 +199,7 @@ class Host:
         if self.proc is not None:
             kill_group(self.proc.pid)
             self.proc.wait()
+            reap(self.pids)  # its workers: no longer its children, they end on their own
             if self.proc.stdin:
                 self.proc.stdin.close()
             self.proc = None

@@ -126,6 +126,16 @@ def kill_group(pgid: int) -> None:
         pass
 
 
+def reap(pids: set[int], timeout: float = 2.0) -> None:
+    """Wait, up to ``timeout`` in all, for these killed processes to be gone, so that nothing
+    of a trial is left when its runner returns and their /dev/shm segments can be removed."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(pid))
+    psutil.wait_procs(procs, timeout=timeout)
+
+
 def _error_line(log_text: str) -> str:
     """The most telling line of a failed run's output."""
     lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
@@ -247,9 +257,7 @@ class Fresh:
                             break
             finally:  # also on Ctrl-C in the sweep: nothing of the trial outlives it
                 kill_group(proc.pid)  # workers orphaned by a crashed main process
-                for pid in pids:  # reap what the kill ended, so it counts as gone
-                    with contextlib.suppress(psutil.Error):
-                        psutil.Process(pid).wait(timeout=1)
+                reap(pids)  # what the kill ended, so it counts as gone
                 remove_dead_shm(pids)
         duration = time.perf_counter() - t0
         if timed_out:
