@@ -31,6 +31,7 @@ from feedrate import stats
 from feedrate.errors import ConfigError
 from feedrate.sweep import ceiling
 from feedrate.sweep.decide import (
+    pick_finalists,
     Contestant,
     decide,
     drop_clearly_slower,
@@ -122,6 +123,36 @@ def test_a_contestant_that_failed_a_final_run_is_out(who):
     d = decide([base, cand])
     assert d.winner is not loser and loser.failures == ["failed: killed by SIGKILL"]
     assert f"out for a failed final run: {loser.name}" in d.reason
+
+
+def _trial(workers, prefetch=7, **more):
+    return {"loader.num_workers": workers, "loader.prefetch_factor": prefetch, **more}
+
+
+def test_finalists_differ_in_more_than_a_few_workers_and_stay_near_the_best():
+    """What the search on 10 ms reads and on webdataset ranked: a near twin of the best (51
+    against 54 workers, same prefetch) tells nothing new, and a trial at 0.72 of the best is no
+    lucky-run contender; the next distinct setting within 10% is."""
+    ranked = [
+        ("trial 6", _trial(51), 3799.0),
+        ("trial 5", _trial(54), 3600.0),
+        ("trial 7", _trial(51, 4), 3500.0),
+        ("trial 2", _trial(32, 2), 2846.0),
+    ]
+    assert [n for n, _, _ in pick_finalists(ranked, 2)] == ["trial 6", "trial 7"]
+    assert [n for n, _, _ in pick_finalists(ranked, 3)] == ["trial 6", "trial 7"]
+    far = [("trial 3", _trial(3, 4), 411.0), ("trial 2", _trial(16, 2), 297.0)]
+    assert [n for n, _, _ in pick_finalists(far, 2)] == ["trial 3"]
+    assert len(pick_finalists(far, 2, within=0.3)) == 2, "within is the user's to widen"
+    # few workers: one more is a real difference (7 against 8: 1 is over 10% of 8)
+    small = [("a", _trial(7), 640.0), ("b", _trial(8), 635.0), ("c", _trial(2), 630.0)]
+    assert [n for n, _, _ in pick_finalists(small, 2)] == ["a", "b"]
+    # another parameter differs: not twins, whatever the workers
+    threads = [("a", _trial(51, main_threads=1), 10.0), ("b", _trial(54, main_threads=2), 9.9)]
+    assert len(pick_finalists(threads, 2)) == 2
+    # lower is better (a time objective): within means at most 10% above the best
+    lower = [("a", _trial(2), 10.0), ("b", _trial(8), 10.5), ("c", _trial(32), 12.0)]
+    assert [n for n, _, _ in pick_finalists(lower, 3, maximize=False)] == ["a", "b"]
 
 
 def test_contestants_with_the_same_resolved_settings_are_one():
@@ -331,6 +362,21 @@ def test_the_seeds_bound_the_workers_searched_once_the_rate_falls_past_the_best(
     assert worker_bound(seeds, {2: 191.0, 8: 724.0, 32: 2651.0}) is None
     # within noise of the best is not falling
     assert worker_bound(seeds, {2: 644.0, 8: 630.0, 32: 500.0}) is None
+    # the loader alone fell at 8 too (the ceiling's runs): two measurements, 32 is not run
+    limit, why = worker_bound(seeds, {2: 644.0, 8: 570.0}, loader_falls_at=8)
+    assert limit == 8 and "(8 workers 570) and so is the loader alone" in why
+    assert worker_bound(seeds, {2: 644.0, 8: 570.0}, loader_falls_at=32) is None
+    assert worker_bound(seeds, {2: 644.0, 8: 630.0}, loader_falls_at=8) is None, "noise at 8"
+
+
+def test_the_ceiling_says_where_the_loader_alone_falls():
+    limit = ceiling.Ceiling(ceiling.SHARED, 804.0, 3737.0, "2 workers", 2, {2: 804.0, 8: 748.0})
+    assert limit.loader_falls_at == 8
+    assert ceiling.Ceiling.from_dict(limit.as_dict()) == limit, "through ceilings.json"
+    rising = ceiling.Ceiling(ceiling.SHARED, 2651.0, None, "", 32, {2: 191.0, 8: 724.0, 32: 2651.0})
+    assert rising.loader_falls_at is None
+    flat = ceiling.Ceiling(ceiling.SHARED, 804.0, None, "", 2, {2: 804.0, 8: 790.0})
+    assert flat.loader_falls_at is None, "within noise of the peak"
 
 
 def test_trials_past_the_seeds_bound_are_skipped_not_run(compose, monkeypatch):
@@ -884,6 +930,38 @@ def test_a_sweep_measures_its_ceiling_first_and_says_where_the_gap_is(project, m
     assert (sweep_dir / "gap.png").stat().st_size > 0
     assert (sweep_dir / "optimization_results.yaml").exists()
     assert (project / "conf" / "loader" / "near.yaml").exists()
+
+
+def _workers(overrides: list[str]) -> int | None:
+    return next((int(o.split("=")[1]) for o in overrides if "num_workers=" in o), None)
+
+
+def test_where_the_loader_alone_and_the_seeds_fall_no_more_workers_are_run(
+    project, monkeypatch, capsys
+):
+    """Photos on 2 cores: loader-only 804 at 2 workers, 748 at 8; end to end 640, 591. Neither
+    the ceiling's nor the search's 32-worker run (23 s and 25 s there) is needed."""
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 2.0)
+    proc, runner = _simulated(
+        project,
+        monkeypatch,
+        capsys,
+        *SLEEPY_SYNTHETIC,
+        "sweep.measure_ceilings=true",
+        "sweep.max_workers=32",
+        name="falls",
+        n_trials=4,
+        speed=lambda o: (2 / max(2, _workers(o) or 2)) ** 2,
+    )
+    assert proc.returncode == 0, proc.out[-3000:]
+    loader_only = [_workers(o) for o in runner.ran if "trainer.measure=loader" in o]
+    assert loader_only[:2] == [2, 8], "the ceiling: ascending, and no 32 after 8 fell"
+    assert "loader-only falls past 2 workers (2 workers" in proc.out
+    limit = json.loads((project / "multirun" / "0" / "ceilings.json").read_text())
+    assert sorted(limit["loader_at"]) == ["2", "8"]
+    searched = [_workers(o) for o in runner.ran if "trainer.measure" not in " ".join(o)]
+    assert 32 not in searched and "and so is the loader alone" in proc.out
+    assert "32 workers: the seeds past 2" in proc.out, "the seed is skipped, and says why"
 
 
 def _fails_past_two_workers(cfg) -> str | None:

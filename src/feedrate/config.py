@@ -291,6 +291,9 @@ class SweepConfig:
     tune_batch_size: bool = False  # off: batch size changes training, not just loading
     batch_sizes: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
     finalists: int = 2  # best candidates re-measured against the baselines
+    # ... after the best, only trials within this share of its search figure, and none that
+    # differs from one already picked by a few workers alone (no final round tells them apart)
+    finalist_within: float = 0.10
     # Alternating re-measurements of each finalist and baseline: at most final_rounds; after
     # 3, no more once every contestant is significantly slower than another or within
     # `equivalence` of the fastest (more rounds could not change the choice by more).

@@ -33,6 +33,7 @@ from feedrate.sweep.decide import (
     drop_clearly_slower,
     drop_shown_slower,
     merge_identical,
+    pick_finalists,
     settled,
     write_decision,
 )
@@ -168,8 +169,9 @@ class LoaderSweep(Callback):
         self._phases.done("ceilings")
         log.info(
             "loader sweep: study %s (%s), %d earlier trials; up to %d new trials, one at a time,"
-            " in %s (limit %g s; one the guard skips is replaced); then %d finalists and the"
-            " baselines measured in up to %d rounds; preset -> %s",
+            " in %s (limit %g s; one the guard skips is replaced); then up to %d finalists"
+            " (within %.0f%% of the best) and the baselines measured in up to %d rounds;"
+            " preset -> %s",
             sweeper.study_name,
             sweeper.storage,
             earlier,
@@ -177,6 +179,7 @@ class LoaderSweep(Callback):
             "a warm trial host" if config.hydra.launcher.get("warm", True) else "fresh processes",
             config.hydra.launcher.timeout_s,
             config.sweep.finalists,
+            100 * config.sweep.finalist_within,
             config.sweep.final_rounds,
             path,
         )
@@ -250,17 +253,17 @@ class LoaderSweep(Callback):
         done = [t for t in study.trials if t.state == TrialState.COMPLETE]
         if not done:
             raise SweepFailed(_failure_summary(search))
-        seen: set[tuple] = set()
         maximize = study.direction.name == "MAXIMIZE"
-        for t in sorted(done, key=lambda t: t.value, reverse=maximize):
-            key = tuple(sorted(t.params.items()))
-            if key in seen:
-                continue
-            seen.add(key)
-            params = [f"{k}={v}" for k, v in t.params.items()]
-            contestants.append(Contestant(f"trial {t.number}", [*args, *params], False))
-            if len(seen) >= config.sweep.finalists:
-                break
+        ranked = sorted(done, key=lambda t: t.value, reverse=maximize)
+        picked = pick_finalists(
+            [(f"trial {t.number}", t.params, t.value) for t in ranked],
+            config.sweep.finalists,
+            config.sweep.finalist_within,
+            maximize,
+        )
+        for name, params, _ in picked:
+            values = [f"{k}={v}" for k, v in params.items()]
+            contestants.append(Contestant(name, [*args, *values], False))
         return contestants
 
     def _remeasure(

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
 from feedrate.files import atomic_write_text
-from feedrate.sweep.space import seed_workers
-from feedrate.sweep.trial import Runner, base_args, run_trial
+from feedrate.sweep.space import FALLING, seed_workers
+from feedrate.sweep.trial import Runner, TrialResult, base_args, run_trial
 
 if TYPE_CHECKING:
     from feedrate.sweep.decide import Contestant
@@ -74,6 +74,19 @@ class Ceiling:
     compute_only: float | None
     loader_settings: str = ""  # what the loader-only figure ran with (``48 workers``)
     loader_workers: int | None = None  # its worker count, to measure it again
+    # loader-only at each worker count measured (ascending; none past where it fell)
+    loader_at: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def loader_falls_at(self) -> int | None:
+        """The first worker count past the loader-only peak measured clearly below it (the
+        loader alone gets slower with more workers from there), or None."""
+        if not self.loader_at:
+            return None
+        peak = max(self.loader_at, key=lambda n: self.loader_at[n])
+        past = [n for n in sorted(self.loader_at) if n > peak]
+        falling = [n for n in past if self.loader_at[n] < FALLING * self.loader_at[peak]]
+        return falling[0] if falling else None
 
     @property
     def value(self) -> float:
@@ -103,6 +116,7 @@ class Ceiling:
             data["compute_only"],
             data["loader_settings"],
             data.get("loader_workers"),
+            {int(n): v for n, v in data.get("loader_at", {}).items()},
         )
 
     def write(self, sweep_dir: str | Path) -> None:
@@ -154,8 +168,10 @@ CEILINGS_FILE = "ceilings.json"
 
 
 def measure_ceilings(config: DictConfig, runner: Runner) -> Ceiling | None:
-    """Loader-only at every seed's worker count (CPU-bound decoding peaks near the cores,
-    latency-bound reads far past them; the best is kept) and compute-only, a few seconds each
+    """Loader-only at the seeds' worker counts, ascending (CPU-bound decoding peaks near the
+    cores, latency-bound reads far past them; the best is kept), until one is clearly below
+    the best (``sweep.bound_by_seeds``: photos' 32-worker run cost 23 s to read 739 after 804
+    at 2 workers and 748 at 8), and compute-only, a few seconds each
     in the search's warm host, before the search: the applicable ceiling goes to
     ``<sweep dir>/ceilings.json``, where the trial launcher reads it to stop the search near
     it. None when it does not apply."""
@@ -171,13 +187,21 @@ def measure_ceilings(config: DictConfig, runner: Runner) -> Ceiling | None:
         return None
     out = Path(config.hydra.sweep.dir) / "ceilings"
     timeout = config.hydra.launcher.timeout_s
-    seeds = seed_workers(config)
-    at = {
-        n: run_trial(runner, loader_only_run(config, n), out / f"loader_{n}", timeout)
-        for n in sorted(set(seeds))
-    }
+    at: dict[int, TrialResult] = {}
+    for n in sorted(set(seed_workers(config))):
+        at[n] = run_trial(runner, loader_only_run(config, n), out / f"loader_{n}", timeout)
+        figures = {k: r.value for k, r in at.items() if r.ok}
+        best = max(figures, key=figures.get, default=None)
+        if config.sweep.bound_by_seeds and n in figures and figures[n] < FALLING * figures[best]:
+            log.info(
+                "loader-only falls past %d workers (%s), so no more workers are measured for"
+                " the ceiling (sweep.bound_by_seeds=false measures every seed)",
+                best,
+                ", ".join(f"{k} workers {v:,.0f}" for k, v in sorted(figures.items())),
+            )
+            break
     measured = {n: r for n, r in at.items() if r.ok}
-    workers = max(measured, key=lambda n: measured[n].value) if measured else seeds[-1]
+    workers = max(measured, key=lambda n: measured[n].value) if measured else max(at)
     loader = at[workers]
     compute = run_trial(
         runner, [*base_args(config), "trainer.measure=compute"], out / "compute", timeout
@@ -197,6 +221,7 @@ def measure_ceilings(config: DictConfig, runner: Runner) -> Ceiling | None:
         compute.value,
         f"{workers} workers",
         workers,
+        {n: r.value for n, r in measured.items()},
     )
     limit.write(config.hydra.sweep.dir)
     log.info(

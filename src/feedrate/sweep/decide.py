@@ -161,6 +161,47 @@ def merge_identical(contestants: list[Contestant], stream: bool) -> list[Contest
     return [c for c in contestants if c.name not in folded]
 
 
+FINALIST_WITHIN = 0.10  # sweep.finalist_within
+
+
+def near_twins(a: dict, b: dict) -> bool:
+    """Two searched settings no final round could tell apart: the same in every parameter
+    but the worker count, and worker counts within ``SAME_WORKERS`` of each other (51 and
+    54 workers on 10 ms reads: five final rounds of both ended in a tie, 55 s of runs)."""
+    key = "loader.num_workers"
+    if {k: v for k, v in a.items() if k != key} != {k: v for k, v in b.items() if k != key}:
+        return False
+    wa, wb = a.get(key), b.get(key)
+    if wa is None or wb is None:
+        return wa == wb
+    return abs(wa - wb) <= SAME_WORKERS * max(wa, wb)
+
+
+def pick_finalists(
+    ranked: list[tuple[str, dict, float]],
+    n: int,
+    within: float = FINALIST_WITHIN,
+    maximize: bool = True,
+) -> list[tuple[str, dict, float]]:
+    """The search's trials worth re-measuring: ``ranked`` best first (name, params, value),
+    at most ``n``. The best always; after it, only trials within ``within`` of its search
+    figure (a second finalist guards against a lucky search run, and no search run is lucky by
+    25%: webdataset's 16 workers at 0.72 of the best lost every final round), and none that is
+    a near twin of one already picked, or has the same parameters. ``maximize`` False: lower
+    is better, and within means at most ``1 + within`` times the best."""
+    out: list[tuple[str, dict, float]] = []
+    for name, params, value in ranked:
+        if len(out) >= n:
+            break
+        best = out[0][2] if out else value
+        if (value < (1 - within) * best) if maximize else (value > (1 + within) * best):
+            break
+        if any(params == p or near_twins(params, p) for _, p, _ in out):
+            continue
+        out.append((name, params, value))
+    return out
+
+
 CLEARLY_SLOWER = 0.5
 
 

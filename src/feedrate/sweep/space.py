@@ -75,25 +75,34 @@ def seed_workers(cfg: DictConfig) -> list[int]:
 FALLING = 0.95  # a seed below this share of the best is clearly slower, not noise
 
 
-def worker_bound(seeds: list[int], best_at: dict[int, float]) -> tuple[int, str] | None:
+def worker_bound(
+    seeds: list[int], best_at: dict[int, float], loader_falls_at: int | None = None
+) -> tuple[int, str] | None:
     """The most workers still worth searching, and why; None while the seeds do not show it.
 
     ``best_at``: the best figure measured at each worker count so far. When every seed above
     the best trial's worker count ran and is clearly slower than it (below ``FALLING``), the
     rate falls past them: decoding that competes for the cores (photos on 2 cores: 644
     samples/s at 2 workers, 570 at 8, 567 at 32, a 46-worker trial no better than 7 workers
-    and 50 s of start-up a run). Counts past the first such seed are then not searched."""
+    and 50 s of start-up a run). Counts past the first such seed are then not searched.
+    The first seed above the best is enough when the loader alone fell there too
+    (``loader_falls_at``, from the ceiling's loader-only runs): two measurements, not one
+    noisy run, say the rate falls, and the seeds past it are not run (photos: 25 s)."""
     if not best_at:
         return None
     best_workers = max(best_at, key=lambda n: best_at[n])
     best = best_at[best_workers]
     above = [n for n in sorted(set(seeds)) if n > best_workers]
-    if not above or any(n not in best_at or best_at[n] >= FALLING * best for n in above):
+    falling = [n for n in above if n in best_at and best_at[n] < FALLING * best]
+    if not above or above[0] not in falling:
         return None
-    falling = ", ".join(f"{n} workers {best_at[n]:,.0f}" for n in above)
+    if len(falling) < len(above) and (loader_falls_at is None or loader_falls_at > above[0]):
+        return None
+    shown = ", ".join(f"{n} workers {best_at[n]:,.0f}" for n in falling)
+    also = " and so is the loader alone" if len(falling) < len(above) else ""
     return above[0], (
         f"the seeds past {best_workers} workers ({best:,.0f} samples/s) are clearly slower"
-        f" ({falling}), so no more than {above[0]} workers are searched"
+        f" ({shown}){also}, so no more than {above[0]} workers are searched"
     )
 
 
@@ -239,6 +248,8 @@ def check_sweep(config: DictConfig) -> None:
             s.final_rounds,
             stats.MIN_ROUNDS,
         )
+    if not 0 <= s.finalist_within < 1:
+        problems.append(f"sweep.finalist_within={s.finalist_within} must be between 0 and 1")
     if not 0 < s.equivalence < 1:
         problems.append(f"sweep.equivalence={s.equivalence} must be between 0 and 1")
     if s.final_seconds <= 0:

@@ -57,6 +57,7 @@ class FeedrateTrialLauncher(Launcher):
         self.stop_reason: str | None = None
         self._ceiling = None
         self._ceiling_read = False
+        self._falls_at: int | None = None
         # job index -> why the guard skipped it: the sweeper asks for another trial instead
         self.skips: dict[int, str] = {}
         # the best figure at each worker count (sweep.bound_by_seeds), and the bound they set
@@ -157,12 +158,24 @@ class FeedrateTrialLauncher(Launcher):
 
         workers = int(config.loader.num_workers)
         self.best_at[workers] = max(value, self.best_at.get(workers, 0.0))
-        bound = worker_bound(seed_workers(config), self.best_at)
+        self._read_ceiling(config)
+        bound = worker_bound(seed_workers(config), self.best_at, self._falls_at)
         if bound is not None and bound[0] >= max_workers(config):
             bound = None  # the top seed: nothing past it is searched anyway
         if bound is not None and (self.bound is None or bound[0] != self.bound[0]):
             log.info("%s (sweep.bound_by_seeds=false searches them all)", bound[1])
         self.bound = bound
+
+    def _read_ceiling(self, config: DictConfig) -> None:
+        """``ceilings.json``, once: the ceiling the search stops near, and the worker count
+        where its loader-only runs fell (kept if the ceiling is later set aside)."""
+        from feedrate.sweep.ceiling import read_ceiling
+
+        if not self._ceiling_read:
+            sweep_dir = OmegaConf.select(config, "hydra.sweep.dir")
+            self._ceiling = read_ceiling(sweep_dir) if sweep_dir else None
+            self._ceiling_read = True
+            self._falls_at = self._ceiling.loader_falls_at if self._ceiling else None
 
     def _past_bound(self, config: DictConfig):
         """A skip for a trial past the worker bound the seeds set, else None."""
@@ -231,11 +244,7 @@ class FeedrateTrialLauncher(Launcher):
         sweeps, and the lower one stopped the search at 0.92 of the best it found before)."""
         if not config.get("sweep"):
             return
-        from feedrate.sweep.ceiling import read_ceiling
-
-        if not self._ceiling_read:
-            self._ceiling = read_ceiling(config.hydra.sweep.dir)
-            self._ceiling_read = True
+        self._read_ceiling(config)
         if self._ceiling is None or self.stop_reason:
             return
         from feedrate.sweep import ceiling
