@@ -962,6 +962,7 @@ def test_where_the_loader_alone_and_the_seeds_fall_no_more_workers_are_run(
     searched = [_workers(o) for o in runner.ran if "trainer.measure" not in " ".join(o)]
     assert 32 not in searched and "and so is the loader alone" in proc.out
     assert "32 workers: the seeds past 2" in proc.out, "the seed is skipped, and says why"
+    assert "Error executing job" not in proc.out, "a skip is not an error"
 
 
 def _fails_past_two_workers(cfg) -> str | None:
@@ -1380,14 +1381,19 @@ def test_a_ceiling_measured_higher_the_second_time_keeps_the_search_going(tmp_pa
     launcher._check_ceiling(
         config, 4, 985.0, _confirmed_at(980.0, calls), _confirmed_at(1100.0, calls)
     )
-    assert calls == [980.0, 1100.0] and launcher.stop_reason is None
+    assert calls == [1100.0] and launcher.stop_reason is None, "measured again, no confirm"
     assert ceiling.read_ceiling(tmp_path).loader_only == 1100.0, "the report shows it too"
-    # lower the second time: the first figure stands, and a trial near it stops the search
+    # measured twice already: a trial near the higher figure is confirmed, not re-measured
     launcher._check_ceiling(
-        config, 5, 1080.0, _confirmed_at(1075.0, calls), _confirmed_at(1000.0, calls)
+        config, 5, 1080.0, _confirmed_at(1075.0, calls), _confirmed_at(1200.0, calls)
     )
-    assert launcher._ceiling.loader_only == 1100.0
+    assert calls == [1100.0, 1075.0] and launcher._ceiling.loader_only == 1100.0
     assert launcher.stop_reason.startswith("trial 5 reaches 0.98 of what this machine allows")
+    # lower the second time: the first figure stands
+    lower = FeedrateTrialLauncher()
+    lower._ceiling, lower._ceiling_read = launcher._ceiling, True
+    lower._check_ceiling(config, 6, 1080.0, _confirmed_at(1075.0, []), _confirmed_at(900.0, []))
+    assert lower._ceiling.loader_only == 1100.0 and lower.stop_reason is not None
 
 
 def test_the_ceiling_that_applies_depends_on_where_the_model_runs():

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
@@ -41,6 +42,22 @@ ConfigStore.instance().store(
 )
 
 
+class _TrialReturn(JobReturn):
+    """A trial's return. Reading a failed or skipped trial's value raises, as Hydra's does,
+    without Hydra's "Error executing job" line on stderr for each: the launcher has logged
+    why already, and a trial the guard skips is not an error."""
+
+    @property
+    def return_value(self) -> Any:
+        if self.status == JobStatus.FAILED:
+            raise self._return_value
+        return JobReturn.return_value.fget(self)
+
+    @return_value.setter
+    def return_value(self, value: Any) -> None:
+        self._return_value = value
+
+
 class FeedrateTrialLauncher(Launcher):
     def __init__(
         self, timeout_s: float = 120.0, memory_budget_frac: float = 0.8, warm: bool = True
@@ -58,6 +75,7 @@ class FeedrateTrialLauncher(Launcher):
         self._ceiling = None
         self._ceiling_read = False
         self._falls_at: int | None = None
+        self._rechecked = False  # the ceiling's loader-only run measured a second time
         # job index -> why the guard skipped it: the sweeper asks for another trial instead
         self.skips: dict[int, str] = {}
         # the best figure at each worker count (sweep.bound_by_seeds), and the bound they set
@@ -124,7 +142,7 @@ class FeedrateTrialLauncher(Launcher):
                 if over and result.status == OK:  # measured, and kept for the report
                     result.status, result.reason = OVER_BUDGET, over
                     result.save()
-            ret = JobReturn(
+            ret = _TrialReturn(
                 overrides=list(overrides),
                 cfg=sweep_config,
                 hydra_cfg=OmegaConf.create({"hydra": sweep_config.hydra}),
@@ -238,8 +256,8 @@ class FeedrateTrialLauncher(Launcher):
         """Stop the search once a trial is within ``sweep.stop_within`` of the ceiling that
         the loader sweep measured before searching (``ceilings.json`` in the sweep dir), and
         a second run of it (``confirm()``) is too: one short run can be lucky. The ceiling's
-        loader-only run is measured again beside it (``recheck()``) and the higher figure
-        kept: one short run can be unlucky too, and a ceiling too low stops the search early
+        loader-only run is measured again first (``recheck()``, once a sweep) and the higher
+        figure kept: one short run can be unlucky too, and a ceiling too low stops the search early
         (photos on 2 cores: loader-only at 2 workers read 770 and 903 samples/s in two
         sweeps, and the lower one stopped the search at 0.92 of the best it found before)."""
         if not config.get("sweep"):
@@ -263,15 +281,17 @@ class FeedrateTrialLauncher(Launcher):
             )
             self._ceiling = None
         elif verdict == ceiling.STOP:
+            if recheck is not None and not self._rechecked:
+                self._rechecked = True  # twice is enough: later near trials keep the higher
+                self._raise_ceiling(config, recheck())
+                if ceiling.near(value, self._ceiling.value, within) is None:
+                    log.info(
+                        "trial %d reached %.2f of the ceiling, but the ceiling measured again"
+                        " is higher (%s): the search goes on",
+                        *(idx, reach, self._ceiling.describe()),
+                    )
+                    return
             again = confirm()
-            self._raise_ceiling(config, recheck() if recheck is not None else None)
-            if ceiling.near(value, self._ceiling.value, within) is None:
-                log.info(
-                    "trial %d reached %.2f of the ceiling, but the ceiling measured again is"
-                    " higher (%s): the search goes on",
-                    *(idx, reach, self._ceiling.describe()),
-                )
-                return
             if not again.ok or ceiling.near(again.value, self._ceiling.value, within) is None:
                 shown = f"{again.value:,.1f}" if again.ok else again.reason
                 log.info(
