@@ -12,7 +12,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[test,cluster,dashboard]'
+	$(PY) -m pip install -e '.[test,cluster,dashboard,postgres]'
 	touch $(STAMP)
 
 train: $(STAMP)

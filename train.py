@@ -7,9 +7,10 @@ import hydra
 from omegaconf import DictConfig
 
 import feedrate.launch
+from feedrate.config import TRUSTED_TARGETS
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+@hydra.main(config_path="conf", config_name="train", execution_whitelist=TRUSTED_TARGETS)
 def main(cfg: DictConfig) -> float:
     return feedrate.launch.main(cfg)
 

@@ -240,7 +240,7 @@ def test_every_launcher_config_composes_to_a_launcher_hydra_can_import():
     assert names == ["loader_trial", "lr_trial", "slurm"]
     for name in names:
         GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(CONF)):
             cfg = hydra_compose(
                 "train", overrides=[f"hydra/launcher={name}"], return_hydra_config=True
             )

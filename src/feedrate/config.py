@@ -16,6 +16,20 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 
+# What ``hydra.utils.instantiate`` may call (Hydra 1.4's execution whitelist): feedrate's own
+# classes and torchvision's, at any depth, and the one target the run's config names for the
+# dataset or the model (``dataset=custom dataset._target_=my_pkg.data.MyDataset``: a class of
+# the user's own is the point). A target nested in that class's arguments must be one of ours.
+BUILT_IN_TARGETS = ("feedrate.*", "torchvision.models.*", "torchvision.datasets.*")
+# ... and what Hydra itself instantiates for a run (train.py's @hydra.main): the sweeper's
+# search space and the sweep's callback are feedrate's, Optuna's samplers the sweeper's.
+TRUSTED_TARGETS = [*BUILT_IN_TARGETS, "optuna.samplers.*"]
+
+
+def execution_whitelist(target: str | None) -> list[str]:
+    return [*BUILT_IN_TARGETS, *([str(target)] if target else [])]
+
+
 class StartMethod(Enum):
     """``multiprocessing`` start methods for DataLoader workers."""
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # torchvision takes a second to import: only the image datase
     from torchvision import datasets
     from torchvision.transforms import v2
 
+from feedrate.config import execution_whitelist
 from feedrate.datacache import PHOTOS_VERSION, build_once, ensure_photos, read_rgb, render_memmap
 from feedrate.errors import CUDA_AFTER_FORK, ConfigError, DatasetError, FeedrateError, SampleError
 
@@ -207,7 +208,9 @@ def build_dataset(cfg: DictConfig):
     target = cfg.get("_target_")
     kwargs = {k: v for k, v in cfg.items() if k != "on_error"}  # feedrate's, not the class's
     try:
-        return instantiate(OmegaConf.create(kwargs))
+        return instantiate(
+            OmegaConf.create(kwargs), _execution_whitelist_=execution_whitelist(target)
+        )
     except InstantiationException as exc:
         cause = exc.__cause__
         if isinstance(cause, FeedrateError):

@@ -71,7 +71,7 @@ def compose(
     """
     directory = Path(config_dir).resolve() if config_dir else default_config_dir()
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(directory)):
         return hydra_compose(config_name=config_name, overrides=list(overrides or []))
 
 

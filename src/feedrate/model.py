@@ -9,6 +9,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 
+from feedrate.config import execution_whitelist
+
 
 class TinyCNN(nn.Module):
     """A 4x4 patchify stem, three strided conv stages and a linear head.
@@ -59,5 +61,7 @@ class PooledLinear(nn.Module):
 
 
 def build_model(cfg: DictConfig, num_classes: int) -> nn.Module:
-    factory: Callable[..., nn.Module] = instantiate(cfg)
+    factory: Callable[..., nn.Module] = instantiate(
+        cfg, _execution_whitelist_=execution_whitelist(cfg.get("_target_"))
+    )
     return factory(num_classes=num_classes)

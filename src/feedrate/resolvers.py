@@ -72,4 +72,4 @@ def register_resolvers() -> None:
         ("feedrate_abspath", abspath, False),
     ]:
         if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, fn, use_cache=cache)
+            OmegaConf.register_resolver(name, fn, use_cache=cache)

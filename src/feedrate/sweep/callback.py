@@ -185,6 +185,11 @@ class LoaderSweep(Callback):
         )
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        # Hydra 1.4 calls this from a `finally`: also when the start or the search ended the
+        # sweep (a refused setting, Ctrl-C, every trial failing to launch). Then there is
+        # nothing to decide, and that exception says why.
+        if sys.exc_info()[0] is not None:
+            return
         try:
             self._finish(config)
         except KeyboardInterrupt:

@@ -268,7 +268,7 @@ class TrialHost:
 
         self.config_name = config_name
         # Hydra's compose API, as train.py's @hydra.main would compose: once per process
-        self._hydra = initialize_config_dir(config_dir, version_base="1.3", job_name="train")
+        self._hydra = initialize_config_dir(config_dir, job_name="train")
         self._hydra.__enter__()
         self.kept = Kept()
         self.key: str | None = None
