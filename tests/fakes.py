@@ -30,10 +30,12 @@ import torch
 from hydra import compose
 from hydra._internal.hydra import Hydra  # what @hydra.main runs; Hydra's own tests use it
 from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import execution_whitelist
 from omegaconf import DictConfig, OmegaConf
 
 import feedrate.launch
 from feedrate import environment, hardware
+from feedrate.config import TRUSTED_TARGETS
 from feedrate.sweep.trial import TrialResult, read_result
 
 MAIN_MB = 600.0  # the training process
@@ -190,7 +192,7 @@ def sweep(project: Path, *args: str, runner, monkeypatch, capsys) -> Swept:
     monkeypatch.setattr("feedrate.sweep.host.runner_for", lambda config, name: runner)
     capsys.readouterr()
     GlobalHydra.instance().clear()
-    with _logging_kept():
+    with _logging_kept(), execution_whitelist(TRUSTED_TARGETS):  # as train.py's @hydra.main
         try:
             app = Hydra.create_main_hydra_file_or_module(
                 calling_file=str(project / "train.py"),

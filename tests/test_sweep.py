@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 
 import feedrate
 from feedrate import stats
+from feedrate.config import Measure
 from feedrate.errors import ConfigError
 from feedrate.sweep import ceiling
 from feedrate.sweep.decide import (
@@ -412,7 +413,7 @@ def test_threads_are_searched_where_the_model_shares_the_cpu(compose, monkeypatc
     monkeypatch.undo()
     cfg = compose("sweep=loader", "model=pooled_linear", "hardware=cpu")
     assert search_threads(cfg), "the model trains on the CPU the workers use"
-    cfg.trainer.measure = "loader"
+    cfg.trainer.measure = Measure.loader
     assert not search_threads(cfg), "no model step: nothing to share the cores with"
     cfg = compose("sweep=loader", "model=pooled_linear", "sweep.search_threads=false")
     assert not search_threads(cfg)

@@ -114,7 +114,7 @@ class FeedrateTrialLauncher(Launcher):
                 self.config, list(overrides)
             )
             with open_dict(sweep_config):
-                sweep_config.hydra.job.id = idx
+                sweep_config.hydra.job.id = str(idx)
                 sweep_config.hydra.job.num = idx
             job_dir = Path(sweep_config.hydra.sweep.dir) / str(sweep_config.hydra.sweep.subdir)
             fixed = set(self.config.hydra.overrides.task)
