@@ -32,12 +32,12 @@ from feedrate.config import Measure
 from feedrate.errors import ConfigError
 from feedrate.sweep import ceiling
 from feedrate.sweep.decide import (
-    pick_finalists,
     Contestant,
     decide,
     drop_clearly_slower,
     drop_shown_slower,
     merge_identical,
+    pick_finalists,
     settled,
 )
 from feedrate.sweep.feasibility import Budget, FeasibilityGuard, Footprint, memory_budget, predict
@@ -1077,6 +1077,14 @@ def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(
     n_trials = int(setting[0].split("=")[1])
     assert _trial_statuses(project / "lr") == ["ok"] * n_trials, "every trial asked ran"
     assert not list((project / "conf" / "loader").glob("tuned_*")), "sweep=lr wrote a preset"
+
+
+def test_a_database_password_is_never_logged():
+    from hydra_plugins.feedrate_launcher.optuna_sweeper import _shown
+
+    shown = _shown("postgresql+psycopg://sweeper:s3cret@db.cluster:5432/studies")
+    assert "s3cret" not in shown and shown.startswith("postgresql+psycopg://sweeper:***@db")
+    assert _shown("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
 
 
 def test_trials_the_guard_skips_do_not_count_against_n_trials(project, monkeypatch, capsys):

@@ -15,7 +15,6 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-
 # What ``hydra.utils.instantiate`` may call (Hydra 1.4's execution whitelist): feedrate's own
 # classes and torchvision's, at any depth, and the one target the run's config names for the
 # dataset or the model (``dataset=custom dataset._target_=my_pkg.data.MyDataset``: a class of

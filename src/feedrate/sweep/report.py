@@ -19,7 +19,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from feedrate.files import atomic_write_text  # noqa: E402
 from feedrate.sweep.feasibility import memory_budget, run_memory_mb  # noqa: E402
-from feedrate.sweep.study import REASON_KEY  # noqa: E402
+from feedrate.sweep.study import reason_of  # noqa: E402
 from feedrate.sweep.trial import OK, OVER_BUDGET, TrialResult  # noqa: E402
 
 PARAMS = (
@@ -104,7 +104,7 @@ def rows(study: optuna.Study, search: list[TrialResult], contestants, n_new: int
                 "name": f"trial {t.number}",
                 **params,
                 "status": t.state.name.lower(),
-                "reason": t.user_attrs.get(REASON_KEY, ""),
+                "reason": reason_of(study, t),
                 "samples_per_sec": t.value,
             }
         )

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REASON_KEY = "reason"
+REASON_KEY = "reason"  # a trial's user attribute
+REASONS_KEY = "reasons"  # the study's: trial number -> reason, for trials marked failed later
 
 
 def sqlite_path(storage: str | None) -> Path | None:
@@ -60,19 +61,25 @@ def lock(storage: str | None, study_name: str) -> IO[str] | None:
     return fh
 
 
-def fail_unfinished(study: optuna.Study, reason: str, only: set[int] | None = None) -> list[int]:
-    """Mark the study's RUNNING trials (those with ids in ``only``, if given) failed with
-    ``reason``; their numbers."""
+def fail_unfinished(study: optuna.Study, reason: str) -> list[int]:
+    """Mark the study's RUNNING trials failed, ``reason`` kept for each (a study user
+    attribute: a trial another process asked has no public handle to set its own); their
+    numbers."""
     from optuna.trial import TrialState
 
-    storage = study._storage
-    # optuna 2.x names it set_trial_state; 3.x set_trial_state_values
-    set_state = getattr(storage, "set_trial_state", None) or storage.set_trial_state_values
     marked = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if only is not None and trial._trial_id not in only:
-            continue  # another sweep's, on a shared storage
-        storage.set_trial_user_attr(trial._trial_id, REASON_KEY, reason)
-        set_state(trial._trial_id, TrialState.FAIL)
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         marked.append(trial.number)
+    if marked:
+        reasons = dict(study.user_attrs.get(REASONS_KEY, {}))
+        reasons.update({str(n): reason for n in marked})
+        study.set_user_attr(REASONS_KEY, reasons)
     return marked
+
+
+def reason_of(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> str:
+    """Why a trial was pruned or failed, as the sweep recorded it ("" when it did not)."""
+    return trial.user_attrs.get(REASON_KEY) or study.user_attrs.get(REASONS_KEY, {}).get(
+        str(trial.number), ""
+    )

@@ -1,133 +1,182 @@
-"""The Optuna sweeper, tolerant of a study in which no trial completed, of a search that
-stops near the ceiling, of trials the launcher's guard skips, and of Ctrl-C (unfinished trials
-marked failed, exit 130).
+"""The Optuna sweeper of feedrate's sweeps: hydra-optuna-sweeper's settings and search space,
+with feedrate's own ask-and-tell loop.
 
-hydra-optuna-sweeper 1.3.0 reads ``study.best_trial`` at the end, which raises when every
-trial failed, before feedrate's callback can say why (docs/design.md, "Where the code is").
+The plugin's loop asks for ``n_trials`` trials and tells Optuna what each returned. A loader
+sweep needs three things it has no hook for: a trial the launcher's guard skips before it runs
+(predicted not to fit, or past the workers the seeds bound) is told as pruned, with its reason,
+and does not count against ``n_trials``; the search ends when a trial reaches the ceiling
+(``sweep.stop_within``); and Ctrl-C fails this sweep's unfinished trials (never another
+sweep's, on a shared storage) and exits 130. So this class runs the loop itself, through
+Optuna's public ask-and-tell interface on its own study, and takes everything else from the
+plugin: its configuration (``hydra/sweeper=optuna``, the samplers), the parsing of
+``hydra.sweeper.params`` into distributions and the custom search space.
 """
 
+from __future__ import annotations
+
+import functools
 import logging
 import sys
+from typing import Any
 
+import optuna
+from hydra.core.utils import JobStatus
+from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
+from omegaconf import OmegaConf
+from optuna.trial import TrialState
+
+from feedrate.sweep.study import REASON_KEY
 
 log = logging.getLogger(__name__)
 
 
-class _SearchDone(Exception):
-    """The search ends before the plugin's loop does: a trial reached the ceiling
-    (sweep.stop_within), or n_trials trials ran besides those the guard skipped."""
-
-
-def _write_results(impl, study) -> None:
-    """What the plugin writes and says at the end of a full search: the best search trial."""
-    from omegaconf import OmegaConf
-
-    best = study.best_trial
-    log.info("Best parameters: %s", best.params)
-    log.info("Best value: %s", best.value)
-    OmegaConf.save(
-        OmegaConf.create({"name": "optuna", "best_params": best.params, "best_value": best.value}),
-        f"{impl.config.hydra.sweep.dir}/optimization_results.yaml",
-    )
-
-
 class FeedrateOptunaSweeper(OptunaSweeper):
     def sweep(self, arguments: list[str]) -> None:
-        import optuna
-        from optuna.trial import TrialState
-
-        from feedrate.sweep.study import REASON_KEY, fail_unfinished
-
         impl = self.sweeper  # the plugin keeps its settings on its implementation
-        wanted = impl.n_trials
-        # A trial the guard of feedrate's launcher skips (predicted not to fit) measures
-        # nothing: it does not count against n_trials. The plugin's loop counts asks, so it may
-        # ask up to twice as many, one at a time, and the search ends once n_trials ran. (A
-        # grid is visited whole either way; with n_jobs > 1 a batch must not end half-asked.)
-        replaces = (
-            hasattr(impl.launcher, "skips")
-            and impl.n_jobs == 1
-            and not isinstance(impl.sampler, optuna.samplers.GridSampler)
+        launcher = impl.launcher
+        impl._process_searchspace_config()
+        space, fixed, fixed_overrides = create_params_from_overrides(
+            [*impl._parse_sweeper_params_config(), *arguments]
         )
-        if replaces:
-            impl.n_trials = 2 * wanted
-        # The trials this sweep asks for (trial id -> job index), so Ctrl-C fails its own and
-        # never another sweep's on a shared storage, and a skipped job's trial is known.
-        asked: dict[int, int] = {}
-        seen: dict[str, optuna.Study] = {}  # the plugin's study (in-memory storage too)
-        ask, tell = optuna.study.Study.ask, optuna.study.Study.tell
-
-        def skips() -> dict[int, str]:
-            return getattr(impl.launcher, "skips", {})  # job index -> the guard's reason
-
-        def ask_and_remember(study, *args, **kwargs):
-            seen["study"] = study
-            reason = getattr(impl.launcher, "stop_reason", None)
-            if reason:  # a trial reached the ceiling: no more trials (see the launcher)
-                raise _SearchDone(reason)
-            if replaces and len(asked) - len(skips()) >= wanted:
-                raise _SearchDone(None)
-            trial = ask(study, *args, **kwargs)
-            # jobs are numbered from impl.job_idx on, in the order their trials were asked
-            start = impl.job_idx
-            asked[trial._trial_id] = start + sum(job >= start for job in asked.values())
-            return trial
-
-        def tell_skipped_as_pruned(study, trial, values=None, state=TrialState.COMPLETE):
-            # TPE learns nothing from a failed trial and proposes the same region again; a
-            # pruned one without intermediate values ranks below every completed one.
-            if isinstance(trial, optuna.trial.Trial) and state == TrialState.FAIL:
-                reason = skips().get(asked.get(trial._trial_id, -1))
-                if reason is not None:
-                    trial.set_user_attr(REASON_KEY, f"skipped: {reason}")
-                    state = TrialState.PRUNED
-            return tell(study, trial, values=values, state=state)
-
-        optuna.study.Study.ask = ask_and_remember
-        optuna.study.Study.tell = tell_skipped_as_pruned
+        for name in fixed:
+            space.pop(name, None)
+        sampler, wanted = impl.sampler, impl.n_trials
+        if isinstance(sampler, functools.partial) and sampler.func is optuna.samplers.GridSampler:
+            grid = {name: impl._to_grid_sampler_choices(d) for name, d in space.items()}
+            sampler = sampler(grid)
+            wanted = min(wanted, _grid_size(grid))
+        directions = [getattr(d, "name", d) for d in _as_list(impl.direction)]
+        study = optuna.create_study(
+            study_name=impl.study_name,
+            storage=impl.storage,
+            sampler=sampler,
+            directions=directions,
+            load_if_exists=True,
+        )
+        log.info("Study name: %s", study.study_name)
+        log.info("Storage: %s", _shown(impl.storage))
+        log.info("Sampler: %s", type(sampler).__name__)
+        log.info("Directions: %s", directions)
+        # A trial the guard of feedrate's launcher skips measures nothing: it does not count
+        # against n_trials, and at most n_trials more are asked in its place.
+        skips: dict[int, str] = getattr(launcher, "skips", {})  # job index -> why
+        asked: list[optuna.trial.Trial] = []
+        unfinished: dict[int, optuna.trial.Trial] = {}  # told nothing yet, by trial number
         try:
-            try:
-                super().sweep(arguments)
-            except _SearchDone:  # raised by ask_and_remember, which saw the study
-                _write_results(impl, seen["study"])
+            while True:
+                run = len(asked) - len(skips)
+                reason = getattr(launcher, "stop_reason", None)
+                if reason or run >= wanted or len(asked) >= 2 * wanted:
+                    break
+                batch = [study.ask() for _ in range(min(impl.n_jobs, wanted - run))]
+                unfinished.update((t.number, t) for t in batch)
+                asked += batch
+                overrides = impl._configure_trials(batch, space, fixed, fixed_overrides)
+                first = impl.job_idx
+                returns = launcher.launch(overrides, initial_job_idx=first)
+                impl.job_idx += len(returns)
+                failures = 0
+                for job, (trial, ret) in enumerate(zip(batch, returns, strict=True), start=first):
+                    failures += _tell(study, trial, ret, skips.get(job))
+                    del unfinished[trial.number]
+                if failures > impl.max_failure_rate * len(returns):
+                    log.error(
+                        "%d of %d trials failed, more than max_failure_rate=%g",
+                        *(failures, len(returns), impl.max_failure_rate),
+                    )
+                    for ret in returns:
+                        ret.return_value  # noqa: B018 - raises the first failure's exception
         except KeyboardInterrupt:
-            study = seen.get("study")  # None: stopped before the first trial was asked
             reason = "interrupted (Ctrl-C) before the trial finished"
-            marked, done = [], 0
-            if study is not None:
-                marked = fail_unfinished(study, reason, only=asked)
-                done = sum(t.state.is_finished() for t in study.trials) - len(marked)
+            for trial in unfinished.values():
+                trial.set_user_attr(REASON_KEY, reason)
+                study.tell(trial, state=TrialState.FAIL)
+            done = sum(t.state.is_finished() for t in study.trials) - len(unfinished)
             log.error(
                 "interrupted (Ctrl-C): trial(s) %s marked failed, %d finished trials kept in"
                 " study %s; no preset was written. Run the same command to resume the study",
-                ", ".join(map(str, marked)) or "none",
+                ", ".join(map(str, unfinished)) or "none",
                 done,
                 impl.study_name,
             )
             sys.exit(130)
-        except ValueError as exc:
-            # in-memory storage says the first, SQLite (RDB) storage the second
-            if not any(m in str(exc) for m in ("No trials are completed", "Record does not exist")):
-                raise
+        _say_skips(len(asked) - len(skips), wanted, len(skips))
+        completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if not completed:
             log.error("no trial of the study completed")
-        finally:
-            optuna.study.Study.ask, optuna.study.Study.tell = ask, tell
-            impl.n_trials = wanted
-        skipped = len(skips())
-        if skipped and replaces:
-            log.info(
-                "%d of %d trials run; %d more were skipped before running (predicted not to"
-                " fit, or past the workers the seeds bound; each reason in trials.csv; pruned"
-                " for Optuna) and did not count against hydra.sweeper.n_trials",
-                len(asked) - skipped,
-                wanted,
-                skipped,
+            return
+        if len(directions) > 1:
+            front = [{"params": t.params, "values": t.values} for t in study.best_trials]
+            results: dict[str, Any] = {"name": "optuna", "solutions": front}
+        else:
+            best = study.best_trial
+            log.info("Best parameters: %s", best.params)
+            log.info("Best value: %s", best.value)
+            results = {"name": "optuna", "best_params": best.params, "best_value": best.value}
+        OmegaConf.save(
+            OmegaConf.create(results), f"{impl.config.hydra.sweep.dir}/optimization_results.yaml"
+        )
+
+
+def _tell(study: optuna.Study, trial: optuna.trial.Trial, ret, skipped: str | None) -> int:
+    """Tell Optuna what one job returned; 1 when it counts as a failure, else 0. A skipped
+    job is pruned: TPE learns nothing from a failed trial and proposes the same region
+    again, while a pruned one without intermediate values ranks below every completed one."""
+    if skipped is not None:
+        trial.set_user_attr(REASON_KEY, f"skipped: {skipped}")
+        study.tell(trial, state=TrialState.PRUNED)
+        return 0
+    if ret.status == JobStatus.COMPLETED:
+        value = ret.return_value
+        try:
+            values = (
+                [float(v) for v in value] if isinstance(value, list | tuple) else [float(value)]
             )
-        elif skipped:
-            log.info(
-                "%d trials run; %d skipped before running (predicted not to fit, or past the"
-                " workers the seeds bound; each reason in trials.csv; pruned for Optuna)",
-                len(asked) - skipped,
-                skipped,
-            )
+        except (TypeError, ValueError):
+            log.warning("trial %d returned %r, not a number: failed", trial.number, value)
+        else:
+            study.tell(trial, values if len(values) > 1 else values[0])
+            return 0
+    else:
+        failure = getattr(ret, "_return_value", None)
+        trial.set_user_attr(REASON_KEY, str(failure) if failure is not None else "failed")
+    study.tell(trial, state=TrialState.FAIL)
+    return 1
+
+
+def _say_skips(ran: int, wanted: int, skipped: int) -> None:
+    if skipped:
+        log.info(
+            "%d of %d trials run; %d more were skipped before running (predicted not to fit,"
+            " or past the workers the seeds bound; each reason in trials.csv; pruned for"
+            " Optuna) and did not count against hydra.sweeper.n_trials",
+            *(ran, wanted, skipped),
+        )
+
+
+def _grid_size(grid: dict[str, list]) -> int:
+    size = 1
+    for choices in grid.values():
+        size *= len(choices)
+    return size
+
+
+def _as_list(direction) -> list:
+    return (
+        list(direction)
+        if isinstance(direction, list | tuple) or OmegaConf.is_list(direction)
+        else [direction]
+    )
+
+
+def _shown(storage: Any) -> str:
+    """A storage URL as it may be logged: without a password."""
+    from sqlalchemy.engine import make_url
+
+    if isinstance(storage, str) and "://" in storage and not storage.startswith("sqlite"):
+        try:
+            return make_url(storage).render_as_string(hide_password=True)
+        except Exception:  # noqa: BLE001 - not a database URL: say nothing of it
+            return "(a storage URL)"
+    return str(storage)
