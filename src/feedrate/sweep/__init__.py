@@ -1,7 +1,8 @@
 """The loader sweep (``python train.py -m sweep=loader``), mirroring ``conf/sweep/``.
 
 - :mod:`~feedrate.sweep.space`: what is searched, its bounds and the first trials;
-- :mod:`~feedrate.sweep.trial`: one trial, a fresh ``train.py`` process with a time limit;
+- :mod:`~feedrate.sweep.trial`: one trial, with a time limit, and what it left behind;
+- :mod:`~feedrate.sweep.host`: the warm trial host that runs trial after trial in one process;
 - :mod:`~feedrate.sweep.feasibility`: trials predicted to exhaust memory or /dev/shm, skipped;
 - :mod:`~feedrate.sweep.ceiling`: loader-only and compute-only, the bound the search stops near;
 - :mod:`~feedrate.sweep.study`: the Optuna study's storage, lock and unfinished trials;
@@ -10,10 +11,3 @@
 - :mod:`~feedrate.sweep.report`: trials.csv, sweep_report.md and the plots;
 - :mod:`~feedrate.sweep.callback`: the Hydra callback that runs all of it around the study.
 """
-
-import warnings
-
-# enqueue_trial and friends are "experimental" in optuna 2.x, and IntLogUniformDistribution
-# warns about its `step`; neither is actionable for a user of the sweep.
-warnings.filterwarnings("ignore", message=r".* is experimental \(supported from")
-warnings.filterwarnings("ignore", message="Samplers and other components in Optuna")

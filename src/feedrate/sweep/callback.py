@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import time
+import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -113,6 +114,39 @@ def _fail(exc: BaseException) -> None:
     sys.exit(1)
 
 
+DECISION_KEY = "decision"  # the study's user attribute: the sweep's final choice
+
+
+def _record_in_study(study: optuna.Study, decision: Decision, config: DictConfig) -> None:
+    """The decision where a study browser shows it: a user attribute of the study, and the
+    study's note on optuna-dashboard's study page when the dashboard is installed. The search's
+    best trial is not the choice: the finals re-measured it against the others."""
+    winner = decision.winner
+    name = config.sweep.preset_name
+    study.set_user_attr(
+        DECISION_KEY,
+        {
+            "winner": winner.label,
+            "loader": winner.loader(),
+            "median_samples_per_sec": winner.median,
+            "reason": decision.reason,
+            "preset": name if config.sweep.write_preset else None,
+        },
+    )
+    try:
+        import optuna_dashboard
+    except ImportError:
+        return
+    use = f"\n\nThe preset: `python train.py loader={name}`" if config.sweep.write_preset else ""
+    optuna_dashboard.save_note(
+        study,
+        f"## The sweep's decision: {winner.label}, {winner.median:,.1f} samples/s (median"
+        f" of its final rounds)\n\n{decision.reason}{use}\n\nThe best trial below is the"
+        " best *search* run (one short run each); the decision re-measured the finalists and"
+        " the baselines in alternating rounds (final_decision.yaml in the sweep's directory).",
+    )
+
+
 class LoaderSweep(Callback):
     """Hydra callback for ``sweep=loader``: checks and seeding before, decision after."""
 
@@ -141,6 +175,9 @@ class LoaderSweep(Callback):
             direction=str(direction),
             load_if_exists=True,
         )
+        with warnings.catch_warnings():  # experimental in name since optuna 3.2, and kept
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([str(config.objective)])  # what a study browser shows
         if self._lock is not None:  # we own the study: a running trial is a dead sweep's
             stale = fail_unfinished(
                 study, "interrupted: the sweep running it stopped before the trial finished"
@@ -230,6 +267,7 @@ class LoaderSweep(Callback):
         phases.done("gap")
         log.info("the sweep's phases took %s", phases.describe())
         write_decision(sweep_dir, decision, phases.seconds)
+        _record_in_study(study, decision, config)
 
         name = config.sweep.preset_name
         path = preset_path(conf_dir(config), name)
