@@ -1235,6 +1235,43 @@ def test_a_sweep_stopped_mid_trial_resumes_its_study(project, monkeypatch, capsy
     assert interrupted["status"] == "fail" and "interrupted" in interrupted["reason"]
 
 
+def test_a_study_optuna_2_wrote_is_refused_with_the_migration_then_resumes(
+    project, monkeypatch, capsys
+):
+    """tests/data/optuna2_study.db: a 3-trial loader sweep as feedrate wrote it with optuna
+    2.10 (the Hydra 1.3 line). Refused in words, untouched; after the command the message
+    gives, the same sweep resumes it."""
+    db = project / "old.db"
+    shutil.copy(ROOT / "tests" / "data" / "optuna2_study.db", db)
+    storage = f"sqlite:///{db}"
+    args = (
+        *SLEEPY_SYNTHETIC,
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.study_name=loader-old-d9d2907e",
+    )
+    before = db.read_bytes()
+    refused, runner = _simulated(project, monkeypatch, capsys, *args, name="old", n_trials=1)
+    assert refused.returncode == 2, refused.out[-3000:]
+    assert "was written by an older Optuna" in refused.out
+    assert f"optuna storage upgrade --storage {storage}" in refused.out
+    assert "Traceback" not in refused.out and runner.ran == []
+    assert db.read_bytes() == before, "the old study was changed"
+    optuna_cli = Path(sys.executable).parent / "optuna"
+    upgrade = subprocess.run(
+        [str(optuna_cli), "storage", "upgrade", "--storage", storage],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert upgrade.returncode == 0, upgrade.stderr[-2000:]
+    again, _ = _simulated(project, monkeypatch, capsys, *args, name="old", n_trials=1)
+    assert again.returncode == 0, again.out[-3000:]
+    assert "3 earlier trials" in again.out
+    rows = _rows(max((project / "multirun").iterdir()))
+    assert [r["phase"] for r in rows].count("earlier session") == 3
+    assert (project / "conf" / "loader" / "old.yaml").exists()
+
+
 def test_one_study_runs_one_sweep_at_a_time(tmp_path):
     from feedrate.sweep.study import lock
 

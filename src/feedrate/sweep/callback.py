@@ -56,7 +56,7 @@ from feedrate.sweep.space import (
     seed_workers,
     start_methods,
 )
-from feedrate.sweep.study import fail_unfinished
+from feedrate.sweep.study import fail_unfinished, open_study
 from feedrate.sweep.study import lock as lock_study
 from feedrate.sweep.trial import TrialResult, base_args, conf_dir, hydra_args, run_trial
 
@@ -169,12 +169,7 @@ class LoaderSweep(Callback):
         sweeper = config.hydra.sweeper
         direction = getattr(sweeper.direction, "name", sweeper.direction)
         self._lock = lock_study(sweeper.storage, sweeper.study_name)  # held until exit
-        study = optuna.create_study(
-            study_name=sweeper.study_name,
-            storage=sweeper.storage,
-            direction=str(direction),
-            load_if_exists=True,
-        )
+        study = open_study(sweeper.study_name, sweeper.storage, direction=str(direction))
         with warnings.catch_warnings():  # experimental in name since optuna 3.2, and kept
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([str(config.objective)])  # what a study browser shows

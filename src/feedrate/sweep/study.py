@@ -61,6 +61,28 @@ def lock(storage: str | None, study_name: str) -> IO[str] | None:
     return fh
 
 
+def open_study(study_name: str, storage: str | None, **kwargs) -> optuna.Study:
+    """``optuna.create_study(..., load_if_exists=True)``, with a study written by an older
+    Optuna refused in words that say what to do: its tables predate this Optuna (feedrate
+    used optuna 2.10 before the Hydra 1.4 line), and ``optuna storage upgrade`` migrates
+    them in place. The study is not touched."""
+    import optuna
+
+    try:
+        return optuna.create_study(
+            study_name=study_name, storage=storage, load_if_exists=True, **kwargs
+        )
+    except RuntimeError as exc:
+        if "no longer compatible with the table schema" not in str(exc):
+            raise
+        raise ConfigError(
+            f"the study {study_name} ({storage}) was written by an older Optuna: {exc}"
+            " Migrate it in place (keep a copy first: an older Optuna cannot read it after),"
+            f" then run the same command again: optuna storage upgrade --storage {storage}"
+            " <cfg.hydra.sweeper.storage>"
+        ) from None
+
+
 def fail_unfinished(study: optuna.Study, reason: str) -> list[int]:
     """Mark the study's RUNNING trials failed, ``reason`` kept for each (a study user
     attribute: a trial another process asked has no public handle to set its own); their

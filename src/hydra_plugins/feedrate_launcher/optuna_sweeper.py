@@ -26,7 +26,8 @@ from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from feedrate.sweep.study import REASON_KEY
+from feedrate.errors import FeedrateError
+from feedrate.sweep.study import REASON_KEY, open_study
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +48,11 @@ class FeedrateOptunaSweeper(OptunaSweeper):
             sampler = sampler(grid)
             wanted = min(wanted, _grid_size(grid))
         directions = [getattr(d, "name", d) for d in _as_list(impl.direction)]
-        study = optuna.create_study(
-            study_name=impl.study_name,
-            storage=impl.storage,
-            sampler=sampler,
-            directions=directions,
-            load_if_exists=True,
-        )
+        try:
+            study = open_study(impl.study_name, impl.storage, sampler=sampler, directions=directions)
+        except FeedrateError as exc:  # said in words, not a traceback
+            log.error("%s", exc)
+            sys.exit(exc.exit_code)
         log.info("Study name: %s", study.study_name)
         log.info("Storage: %s", _shown(impl.storage))
         log.info("Sampler: %s", type(sampler).__name__)
