@@ -49,7 +49,9 @@ class FeedrateOptunaSweeper(OptunaSweeper):
             wanted = min(wanted, _grid_size(grid))
         directions = [getattr(d, "name", d) for d in _as_list(impl.direction)]
         try:
-            study = open_study(impl.study_name, impl.storage, sampler=sampler, directions=directions)
+            study = open_study(
+                impl.study_name, impl.storage, sampler=sampler, directions=directions
+            )
         except FeedrateError as exc:  # said in words, not a traceback
             log.error("%s", exc)
             sys.exit(exc.exit_code)
