@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     sides = {"new": (sys.executable, ROOT), "old": (args.old_python, args.old_tree.resolve())}
     figures: dict[str, list[float | None]] = {"new": [], "old": []}
