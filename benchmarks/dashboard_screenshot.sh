@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A loader study as optuna-dashboard shows it, in a real headless browser: screenshots of the
-# study page (its note carries the sweep's decision) and of the trials table.
+# study's history, its trials, the trials table and the study's note (the sweep's decision).
 #
 #   bash benchmarks/dashboard_screenshot.sh sqlite:///outputs/sweeps/<study>.db OUT_DIR
 #
@@ -33,3 +33,4 @@ shot() {  # page, file: the page after its scripts ran
 shot "" study.png
 shot "/trials" trials.png
 shot "/trialTable" trial_table.png
+shot "/note" note.png

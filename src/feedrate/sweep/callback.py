@@ -141,7 +141,7 @@ def _record_in_study(study: optuna.Study, decision: Decision, config: DictConfig
     optuna_dashboard.save_note(
         study,
         f"## The sweep's decision: {winner.label}, {winner.median:,.1f} samples/s (median"
-        f" of its final rounds)\n\n{decision.reason}{use}\n\nThe best trial below is the"
+        f" of its final rounds)\n\n{decision.reason}{use}\n\nThe study's best trial is the"
         " best *search* run (one short run each); the decision re-measured the finalists and"
         " the baselines in alternating rounds (final_decision.yaml in the sweep's directory).",
     )
