@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,40 @@ def unshare_works() -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return probe.returncode == 0
+
+
+PG_BIN = Path(os.environ.get("FEEDRATE_PG_BIN", "/usr/lib/postgresql/15/bin"))
+
+
+@pytest.fixture(scope="session")
+def postgresql_url():
+    """A real PostgreSQL server, started from the installed binaries (Debian's
+    postgresql-15: ``FEEDRATE_PG_BIN`` names another bin folder) for the session, with an
+    empty database ``studies``; its SQLAlchemy URL, with no password (trust on localhost).
+    PostgreSQL refuses to run as root, so as root the server runs as ``nobody``."""
+    import tempfile
+
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(f"no PostgreSQL binaries in {PG_BIN} (set FEEDRATE_PG_BIN)")
+    as_user: list[str] = []
+    base = Path(tempfile.mkdtemp(prefix="feedrate-pg-"))
+    if os.geteuid() == 0:
+        as_user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+        shutil.chown(base, "nobody", "nogroup")
+    data, log = base / "data", base / "server.log"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def pg(tool: str, *args: str) -> None:
+        subprocess.run([*as_user, str(PG_BIN / tool), *args], check=True, capture_output=True)
+
+    pg("initdb", "-D", str(data), "-U", "feedrate", "--auth=trust", "-E", "UTF8")
+    options = f"-p {port} -k {base} -c listen_addresses=127.0.0.1"
+    pg("pg_ctl", "-D", str(data), "-o", options, "-l", str(log), "-w", "start")
+    try:
+        pg("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "feedrate", "studies")
+        yield f"postgresql+psycopg://feedrate@127.0.0.1:{port}/studies"
+    finally:
+        pg("pg_ctl", "-D", str(data), "-m", "fast", "-w", "stop")
+        shutil.rmtree(base, ignore_errors=True)

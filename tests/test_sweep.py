@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import optuna
 import psutil
 import pytest
 import torch
@@ -1080,11 +1081,13 @@ def test_optuna_sweep_of_the_learning_rate_against_held_out_accuracy(
 
 
 def test_a_database_password_is_never_logged():
-    from hydra_plugins.feedrate_launcher.optuna_sweeper import _shown
+    from feedrate.sweep.study import has_password, shown
 
-    shown = _shown("postgresql+psycopg://sweeper:s3cret@db.cluster:5432/studies")
-    assert "s3cret" not in shown and shown.startswith("postgresql+psycopg://sweeper:***@db")
-    assert _shown("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+    url = "postgresql+psycopg://sweeper:s3cret@db.cluster:5432/studies"
+    assert "s3cret" not in shown(url) and shown(url).startswith("postgresql+psycopg://sweeper:***@")
+    assert has_password(url) and not has_password("postgresql+psycopg://sweeper@db/studies")
+    assert shown("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+    assert shown("journal:///shared/x.log") == "journal:///shared/x.log"
 
 
 def test_trials_the_guard_skips_do_not_count_against_n_trials(project, monkeypatch, capsys):
@@ -1270,6 +1273,44 @@ def test_a_study_optuna_2_wrote_is_refused_with_the_migration_then_resumes(
     rows = _rows(max((project / "multirun").iterdir()))
     assert [r["phase"] for r in rows].count("earlier session") == 3
     assert (project / "conf" / "loader" / "old.yaml").exists()
+
+
+def _shared_storage_sweep(project, monkeypatch, capsys, storage: str):
+    """A sweep whose study lives in ``storage``, twice: the second resumes it."""
+    args = (*SLEEPY_SYNTHETIC, f"sweep.storage={storage}")
+    first, _ = _simulated(project, monkeypatch, capsys, *args, name="shared", n_trials=2)
+    assert first.returncode == 0, first.out[-3000:]
+    again, _ = _simulated(project, monkeypatch, capsys, *args, name="shared", n_trials=1)
+    assert again.returncode == 0, again.out[-3000:]
+    assert "2 earlier trials" in again.out, "resumed from the shared storage"
+    assert not list((project / "outputs").glob("sweeps/*.db")), "a SQLite study was made"
+    assert (project / "conf" / "loader" / "shared.yaml").exists()
+    return first.out + again.out
+
+
+@pytest.mark.slow
+def test_a_sweeps_study_in_a_real_postgresql_server(project, monkeypatch, capsys, postgresql_url):
+    out = _shared_storage_sweep(project, monkeypatch, capsys, postgresql_url)
+    study = optuna.load_study(study_name=_study_name(out), storage=postgresql_url)
+    states = [t.state.name for t in study.trials]
+    assert states.count("COMPLETE") == 3, states
+    assert study.user_attrs["decision"]["preset"] == "shared"
+
+
+def test_a_sweeps_study_in_a_journal_file(project, monkeypatch, capsys):
+    journal = project / "shared-fs" / "studies.log"
+    out = _shared_storage_sweep(project, monkeypatch, capsys, f"journal://{journal}")
+    assert journal.stat().st_size > 0
+    from feedrate.sweep.study import storage_of
+
+    study = optuna.load_study(
+        study_name=_study_name(out), storage=storage_of(f"journal://{journal}")
+    )
+    assert [t.state.name for t in study.trials].count("COMPLETE") == 3
+
+
+def _study_name(out: str) -> str:
+    return re.search(r"Study name: (\S+)", out).group(1)
 
 
 def test_one_study_runs_one_sweep_at_a_time(tmp_path):

@@ -298,6 +298,10 @@ class SweepConfig:
     preset_name: str = MISSING  # conf/loader/<preset_name>.yaml; default from the fingerprint
     overwrite: bool = False  # replace a preset feedrate did not write
     study_dir: str = "outputs/sweeps"  # SQLite studies; the same command resumes its study
+    # Where the study lives instead: a database URL (postgresql+psycopg://user@host/db, the
+    # password from PGPASSWORD or ~/.pgpass) or journal:///shared/fs/<file>.log (Optuna's
+    # journal file). null: a SQLite file under study_dir.
+    storage: str | None = None
     max_workers: int | None = None  # null: from the fingerprint, far past the core count
     # Empty: the platform's default start method only (fork on Linux, spawn on macOS/Windows).
     start_methods: list[str] = field(default_factory=list)

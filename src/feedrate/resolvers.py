@@ -60,6 +60,10 @@ def study_name(*, _root_: DictConfig) -> str:
 
 
 def study_storage(*, _root_: DictConfig) -> str:
+    """``sweep.storage`` when set (a shared database or journal file), else a SQLite file
+    under ``sweep.study_dir`` named after the study."""
+    if _root_.sweep.get("storage"):
+        return str(_root_.sweep.storage)
     return f"sqlite:///{abspath(_root_.sweep.study_dir)}/{study_name(_root_=_root_)}.db"
 
 

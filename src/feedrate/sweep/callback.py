@@ -56,7 +56,13 @@ from feedrate.sweep.space import (
     seed_workers,
     start_methods,
 )
-from feedrate.sweep.study import fail_unfinished, open_study
+from feedrate.sweep.study import (
+    fail_unfinished,
+    has_password,
+    open_study,
+    shown,
+    storage_of,
+)
 from feedrate.sweep.study import lock as lock_study
 from feedrate.sweep.trial import TrialResult, base_args, conf_dir, hydra_args, run_trial
 
@@ -168,6 +174,12 @@ class LoaderSweep(Callback):
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # feedrate logs what matters
         sweeper = config.hydra.sweeper
         direction = getattr(sweeper.direction, "name", sweeper.direction)
+        if has_password(sweeper.storage):
+            log.warning(
+                "the study's storage URL holds a password: feedrate never logs it, but Hydra"
+                " writes the command line into <sweep dir>/.hydra/overrides.yaml. Leave it out"
+                " of the URL and give it in PGPASSWORD or ~/.pgpass (PostgreSQL reads both)"
+            )
         self._lock = lock_study(sweeper.storage, sweeper.study_name)  # held until exit
         study = open_study(sweeper.study_name, sweeper.storage, direction=str(direction))
         with warnings.catch_warnings():  # experimental in name since optuna 3.2, and kept
@@ -205,7 +217,7 @@ class LoaderSweep(Callback):
             " (within %.0f%% of the best) and the baselines measured in up to %d rounds;"
             " preset -> %s",
             sweeper.study_name,
-            sweeper.storage,
+            shown(sweeper.storage),
             earlier,
             sweeper.n_trials,
             "a warm trial host" if config.hydra.launcher.get("warm", True) else "fresh processes",
@@ -243,7 +255,9 @@ class LoaderSweep(Callback):
         sweeper = config.hydra.sweeper
         phases = getattr(self, "_phases", None) or Phases()
         phases.done("search")
-        study = optuna.load_study(study_name=sweeper.study_name, storage=sweeper.storage)
+        study = optuna.load_study(
+            study_name=sweeper.study_name, storage=storage_of(sweeper.storage)
+        )
         search = report.collect_search(sweep_dir)
         contestants = self._contestants(config, study, search)
         contestants = self._remeasure(config, contestants, sweep_dir / "final")

@@ -19,7 +19,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from feedrate.files import atomic_write_text  # noqa: E402
 from feedrate.sweep.feasibility import memory_budget, run_memory_mb  # noqa: E402
-from feedrate.sweep.study import reason_of  # noqa: E402
+from feedrate.sweep.study import reason_of, shown  # noqa: E402
 from feedrate.sweep.trial import OK, OVER_BUDGET, TrialResult  # noqa: E402
 
 PARAMS = (
@@ -139,7 +139,8 @@ def write_markdown(
     lines = [
         "# Loader sweep",
         "",
-        f"Study `{config.hydra.sweeper.study_name}`, storage `{config.hydra.sweeper.storage}`.",
+        f"Study `{config.hydra.sweeper.study_name}`,"
+        f" storage `{shown(config.hydra.sweeper.storage)}`.",
         "",
         "## Final re-measurement (alternating, same session)",
         "",

@@ -61,6 +61,49 @@ def lock(storage: str | None, study_name: str) -> IO[str] | None:
     return fh
 
 
+JOURNAL = "journal://"
+
+
+def storage_of(url: str | None):
+    """What Optuna opens for a study's storage URL: ``journal:///path`` becomes Optuna's
+    journal file (for a shared filesystem without a database: appends under a file lock),
+    anything else is Optuna's own (``sqlite:///``, ``postgresql+psycopg://``, ``None``:
+    in memory)."""
+    if url is None or not str(url).startswith(JOURNAL):
+        return url
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    path = Path(str(url)[len(JOURNAL) :])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def shown(url: str | None) -> str:
+    """A storage URL as it may be logged: never its password."""
+    if not url or str(url).startswith(("sqlite", JOURNAL)):
+        return str(url)
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(str(url)).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(a storage URL that is not a database URL)"
+
+
+def has_password(url: str | None) -> bool:
+    if not url or str(url).startswith(("sqlite", JOURNAL)):
+        return False
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(str(url)).password is not None
+    except ArgumentError:
+        return False
+
+
 def open_study(study_name: str, storage: str | None, **kwargs) -> optuna.Study:
     """``optuna.create_study(..., load_if_exists=True)``, with a study written by an older
     Optuna refused in words that say what to do: its tables predate this Optuna (feedrate
@@ -70,15 +113,15 @@ def open_study(study_name: str, storage: str | None, **kwargs) -> optuna.Study:
 
     try:
         return optuna.create_study(
-            study_name=study_name, storage=storage, load_if_exists=True, **kwargs
+            study_name=study_name, storage=storage_of(storage), load_if_exists=True, **kwargs
         )
     except RuntimeError as exc:
         if "no longer compatible with the table schema" not in str(exc):
             raise
         raise ConfigError(
-            f"the study {study_name} ({storage}) was written by an older Optuna: {exc}"
+            f"the study {study_name} ({shown(storage)}) was written by an older Optuna: {exc}"
             " Migrate it in place (keep a copy first: an older Optuna cannot read it after),"
-            f" then run the same command again: optuna storage upgrade --storage {storage}"
+            f" then run the same command again: optuna storage upgrade --storage {shown(storage)}"
             " <cfg.hydra.sweeper.storage>"
         ) from None
 

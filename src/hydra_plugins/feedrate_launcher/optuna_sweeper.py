@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from feedrate.errors import FeedrateError
-from feedrate.sweep.study import REASON_KEY, open_study
+from feedrate.sweep.study import REASON_KEY, open_study, shown
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class FeedrateOptunaSweeper(OptunaSweeper):
             log.error("%s", exc)
             sys.exit(exc.exit_code)
         log.info("Study name: %s", study.study_name)
-        log.info("Storage: %s", _shown(impl.storage))
+        log.info("Storage: %s", shown(impl.storage))
         log.info("Sampler: %s", type(sampler).__name__)
         log.info("Directions: %s", directions)
         # A trial the guard of feedrate's launcher skips measures nothing: it does not count
@@ -169,15 +169,3 @@ def _as_list(direction) -> list:
         if isinstance(direction, list | tuple) or OmegaConf.is_list(direction)
         else [direction]
     )
-
-
-def _shown(storage: Any) -> str:
-    """A storage URL as it may be logged: without a password."""
-    from sqlalchemy.engine import make_url
-
-    if isinstance(storage, str) and "://" in storage and not storage.startswith("sqlite"):
-        try:
-            return make_url(storage).render_as_string(hide_password=True)
-        except Exception:  # noqa: BLE001 - not a database URL: say nothing of it
-            return "(a storage URL)"
-    return str(storage)
