@@ -1309,6 +1309,113 @@ def test_a_sweeps_study_in_a_journal_file(project, monkeypatch, capsys):
     assert [t.state.name for t in study.trials].count("COMPLETE") == 3
 
 
+def _node(project: Path, name: str, storage: str, n_trials: int, seconds: float):
+    """One machine's sweep of the shared study, as its own process (tests/sweeper_node.py)."""
+    overrides = [
+        "sweep=loader",
+        *TINY_SWEEP,
+        *SLEEPY_SYNTHETIC,
+        "sweep.preset_name=cluster",
+        f"sweep.storage={storage}",
+        "sweep.stale_after_s=3",
+        f"hydra.sweeper.n_trials={n_trials}",
+        "sweep.final_rounds=1",
+        f"hydra.sweep.dir={project}/multirun/{name}",
+    ]
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.sweeper_node", str(project), str(seconds), *overrides],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _ok_jobs(sweep_dir: Path) -> int:
+    return sum(
+        json.loads(f.read_text())["status"] == "ok" for f in sweep_dir.glob("[0-9]*/trial.json")
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["postgresql", "journal"])
+def test_two_sweepers_share_one_study_and_lose_nothing_when_one_is_killed(
+    project, backend, request
+):
+    """Two identical nodes sweep one study at once. Node b is killed in the middle of a
+    trial: node a finds it stale, asks its parameters again and runs it; every trial ran
+    exactly once; the finals ran on one machine (node a), which wrote the preset."""
+    from feedrate.sweep.study import NODE_KEY, RETRY_KEY, storage_of
+
+    if backend == "postgresql":
+        url = request.getfixturevalue("postgresql_url")
+        storage = url.rsplit("/", 1)[0] + "/" + _fresh_database(url, "two_sweepers")
+    else:
+        storage = f"journal://{project}/shared-fs/studies.log"
+    a = _node(project, "a", storage, n_trials=3, seconds=1.0)
+    b = _node(project, "b", storage, n_trials=3, seconds=1.0)
+    study = None
+    deadline = time.monotonic() + 90
+    while True:  # b's first trial running: kill b (and its trial) mid-trial
+        assert time.monotonic() < deadline and b.poll() is None, "node b never ran a trial"
+        try:
+            if study is None:
+                name = optuna.get_all_study_names(storage=storage_of(storage))
+                study = optuna.load_study(study_name=name[0], storage=storage_of(storage))
+            running = study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+            killed = [t for t in running if t.user_attrs.get(NODE_KEY, "").endswith(f":{b.pid}")]
+        except (IndexError, KeyError):
+            killed = []
+        if killed:
+            os.killpg(b.pid, signal.SIGKILL)
+            break
+        time.sleep(0.2)
+    b.wait(timeout=30)
+    out, _ = a.communicate(timeout=240)
+    assert a.returncode == 0, out[-3000:]
+    assert f"trial(s) {killed[0].number} of the study had no sign of life for 3 s" in out, out[
+        -3000:
+    ]
+    trials = study.get_trials()
+    states = [t.state.name for t in trials]
+    assert "RUNNING" not in states and "WAITING" not in states, states
+    assert trials[killed[0].number].state.name == "FAIL"
+    retried = [t for t in trials if t.user_attrs.get(RETRY_KEY) == killed[0].number]
+    assert len(retried) == 1 and retried[0].state.name == "COMPLETE", "asked again once"
+    assert retried[0].params == killed[0].params
+    # each completed trial is one job that ran, on one node or the other
+    jobs = _ok_jobs(project / "multirun" / "a") + _ok_jobs(project / "multirun" / "b")
+    assert states.count("COMPLETE") == jobs
+    assert (project / "multirun" / "a" / "final").is_dir(), "the finals ran on node a"
+    assert not (project / "multirun" / "b" / "final").exists()
+    assert (project / "conf" / "loader" / "cluster.yaml").exists()
+
+
+@pytest.mark.slow
+def test_of_two_sweepers_that_finish_together_one_runs_the_finals(project):
+    storage = f"journal://{project}/shared-fs/studies.log"
+    nodes = {n: _node(project, n, storage, n_trials=2, seconds=0.5) for n in ("a", "b")}
+    outs = {n: p.communicate(timeout=240)[0] for n, p in nodes.items()}
+    assert all(p.returncode == 0 for p in nodes.values()), outs
+    finals = [n for n in nodes if (project / "multirun" / n / "final").is_dir()]
+    assert len(finals) == 1, "the finals ran on both machines, or on none"
+    (other,) = set(nodes) - set(finals)
+    assert "finished the search last and runs the finals on its machine" in outs[other]
+
+
+def _fresh_database(url: str, name: str) -> str:
+    """An empty database on the test's server, so each test has a study of its own."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name}"))
+        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    engine.dispose()
+    return name
+
+
 def _study_name(out: str) -> str:
     return re.search(r"Study name: (\S+)", out).group(1)
 

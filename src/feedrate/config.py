@@ -302,6 +302,9 @@ class SweepConfig:
     # password from PGPASSWORD or ~/.pgpass) or journal:///shared/fs/<file>.log (Optuna's
     # journal file). null: a SQLite file under study_dir.
     storage: str | None = None
+    # ... where several sweepers share it: a running trial whose sweeper has not said it is
+    # alive for this long is asked again (its sweeper was killed, or its node lost)
+    stale_after_s: float = 120.0
     max_workers: int | None = None  # null: from the fingerprint, far past the core count
     # Empty: the platform's default start method only (fork on Linux, spawn on macOS/Windows).
     start_methods: list[str] = field(default_factory=list)

@@ -57,9 +57,12 @@ from feedrate.sweep.space import (
     start_methods,
 )
 from feedrate.sweep.study import (
+    check_machine,
+    claim_finals,
     fail_unfinished,
     has_password,
     open_study,
+    shared,
     shown,
     storage_of,
 )
@@ -182,6 +185,7 @@ class LoaderSweep(Callback):
             )
         self._lock = lock_study(sweeper.storage, sweeper.study_name)  # held until exit
         study = open_study(sweeper.study_name, sweeper.storage, direction=str(direction))
+        check_machine(study)
         with warnings.catch_warnings():  # experimental in name since optuna 3.2, and kept
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([str(config.objective)])  # what a study browser shows
@@ -258,6 +262,14 @@ class LoaderSweep(Callback):
         study = optuna.load_study(
             study_name=sweeper.study_name, storage=storage_of(sweeper.storage)
         )
+        if shared(sweeper.storage) and not claim_finals(study, sweeper.storage):
+            log.info(
+                "another sweeper of study %s finished the search last and runs the finals on"
+                " its machine (a ratio between two machines' figures is machine noise, not a"
+                " win): this one writes no preset",
+                sweeper.study_name,
+            )
+            return
         search = report.collect_search(sweep_dir)
         contestants = self._contestants(config, study, search)
         contestants = self._remeasure(config, contestants, sweep_dir / "final")

@@ -12,6 +12,9 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import socket
+import threading
+import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -24,6 +27,10 @@ log = logging.getLogger(__name__)
 
 REASON_KEY = "reason"  # a trial's user attribute
 REASONS_KEY = "reasons"  # the study's: trial number -> reason, for trials marked failed later
+NODE_KEY = "node"  # a trial's: the machine (host:pid) that measured it
+ALIVE_KEY = "alive_at"  # a trial's: when its sweeper last said it was running it (epoch s)
+RETRY_KEY = "retry_of"  # a trial's: the stale trial whose parameters it runs again
+MACHINE_KEY = "machine"  # the study's: the machine type its trials are measured on
 
 
 def sqlite_path(storage: str | None) -> Path | None:
@@ -148,3 +155,128 @@ def reason_of(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> str:
     return trial.user_attrs.get(REASON_KEY) or study.user_attrs.get(REASONS_KEY, {}).get(
         str(trial.number), ""
     )
+
+
+def shared(storage: str | None) -> bool:
+    """A storage several sweepers may use at once (a database server, a journal file): no
+    lock, and a running trial may be another machine's."""
+    return bool(storage) and not str(storage).startswith("sqlite")
+
+
+def node_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Heartbeat:
+    """While trials run: each says which node runs it, and every ``interval`` seconds that
+    the node is still at it (``ALIVE_KEY``), so that another sweeper on a shared storage can
+    tell a trial whose sweeper died from one still running (:func:`requeue_stale`)."""
+
+    def __init__(self, trials: list, interval: float) -> None:
+        self.trials, self.interval = trials, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="feedrate-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        for trial in self.trials:
+            trial.set_user_attr(NODE_KEY, node_name())
+            trial.set_user_attr(ALIVE_KEY, time.time())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            for trial in self.trials:
+                try:
+                    trial.set_user_attr(ALIVE_KEY, time.time())
+                except Exception as exc:  # noqa: BLE001 - a lost beat: the next one may land
+                    log.debug("heartbeat of trial %d not recorded: %s", trial.number, exc)
+
+
+def requeue_stale(study: optuna.Study, stale_after: float, now=time.time) -> list[int]:
+    """Trials RUNNING whose sweeper has not said it is alive for ``stale_after`` seconds (it
+    was killed, or its node went away): each is marked failed, with the reason, and its
+    parameters are asked again as a new trial. Exactly once: marking a finished trial
+    raises, so of two sweepers that find the same stale trial only one requeues it. The
+    numbers of the trials requeued."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    requeued = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        alive = trial.user_attrs.get(ALIVE_KEY)
+        if alive is None and trial.datetime_start is not None:
+            alive = trial.datetime_start.timestamp()
+        if alive is None or now() - alive < stale_after:
+            continue
+        try:
+            study.tell(trial.number, state=TrialState.FAIL)
+        except (ValueError, UpdateFinishedTrialError):
+            continue  # another sweeper marked it first, and requeues it
+        study.enqueue_trial(trial.params, user_attrs={RETRY_KEY: trial.number})
+        requeued.append(trial.number)
+    if requeued:
+        reasons = dict(study.user_attrs.get(REASONS_KEY, {}))
+        for n in requeued:
+            reasons[str(n)] = (
+                f"stale: its sweeper stopped saying it was running it for {stale_after:g} s"
+                " (killed, or its node lost); its parameters were asked again"
+            )
+        study.set_user_attr(REASONS_KEY, reasons)
+    return requeued
+
+
+def machine_type() -> dict:
+    """What makes two machines the same for a loader study: the CPU, the cores this process
+    may use, the GPUs, and the memory (to the GB)."""
+    from feedrate import hardware
+
+    fp = hardware.detect()
+    return {
+        "cpu_model": fp.cpu_model,
+        "usable_cores": fp.usable_cores,
+        "gpu": f"{fp.gpu_count}x {fp.gpu_name}" if fp.gpu_count else "none",
+        "ram_gb": round(fp.ram_gb),
+    }
+
+
+def check_machine(study: optuna.Study) -> None:
+    """A study holds one machine type: the first sweeper records it (``MACHINE_KEY``), and a
+    sweeper on another type is refused before any trial, since its figures would be
+    compared with the others' as if measured on the same machine."""
+    here, known = machine_type(), study.user_attrs.get(MACHINE_KEY)
+    if known is None:
+        study.set_user_attr(MACHINE_KEY, here)
+        return
+    differs = {k: (known.get(k), v) for k, v in here.items() if known.get(k) != v}
+    if differs:
+        shown_diff = "; ".join(f"{k}: {a} there, {b} here" for k, (a, b) in differs.items())
+        raise ConfigError(
+            f"the study {study.study_name} was measured on another machine type ({shown_diff}):"
+            " a study holds one, so that its figures compare. Sweep this machine type with"
+            " its own sweep.preset_name (or its own study) <cfg.sweep.preset_name>"
+        )
+
+
+def claim_finals(study: optuna.Study, storage: str) -> bool:
+    """On a shared storage, whether this sweeper runs the finals: the first of the sweepers
+    that finish the same search to create the claim (a study named after this one and its
+    number of finished trials: creating a study whose name exists fails, atomically, in a
+    database and in a journal file)."""
+    import optuna
+    from optuna.exceptions import DuplicatedStudyError
+    from optuna.trial import TrialState
+
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    try:
+        claim = optuna.create_study(
+            study_name=f"{study.study_name}:finals:{done}", storage=storage_of(storage)
+        )
+    except DuplicatedStudyError:
+        return False
+    claim.set_user_attr(NODE_KEY, node_name())
+    return True

@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import time
+from contextlib import nullcontext
 from typing import Any
 
 import optuna
@@ -27,7 +29,14 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from feedrate.errors import FeedrateError
-from feedrate.sweep.study import REASON_KEY, open_study, shown
+from feedrate.sweep.study import (
+    REASON_KEY,
+    Heartbeat,
+    open_study,
+    requeue_stale,
+    shared,
+    shown,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,20 +71,40 @@ class FeedrateOptunaSweeper(OptunaSweeper):
         # A trial the guard of feedrate's launcher skips measures nothing: it does not count
         # against n_trials, and at most n_trials more are asked in its place.
         skips: dict[int, str] = getattr(launcher, "skips", {})  # job index -> why
+        # On a shared storage other sweepers run trials of the same study: each running trial
+        # says it is alive, and one whose sweeper went quiet is asked again (never lost).
+        stale_after = _stale_after(impl.config) if shared(impl.storage) else None
         asked: list[optuna.trial.Trial] = []
         unfinished: dict[int, optuna.trial.Trial] = {}  # told nothing yet, by trial number
         try:
             while True:
                 run = len(asked) - len(skips)
-                reason = getattr(launcher, "stop_reason", None)
-                if reason or run >= wanted or len(asked) >= 2 * wanted:
+                if stale_after is not None:
+                    _requeue(study, stale_after)
+                if getattr(launcher, "stop_reason", None):
                     break
-                batch = [study.ask() for _ in range(min(impl.n_jobs, wanted - run))]
+                size = min(impl.n_jobs, wanted - run)
+                if run >= wanted or len(asked) >= 2 * wanted:
+                    # Done with its own trials. On a shared storage, trials asked again for a
+                    # sweeper that died are run too, and the search ends when no other sweeper
+                    # still runs one (the finals then run on the machine that finished last).
+                    if stale_after is None:
+                        break
+                    waiting = _elsewhere(study, TrialState.WAITING)
+                    if not waiting and not _elsewhere(study, TrialState.RUNNING):
+                        break
+                    if not waiting:
+                        time.sleep(min(5.0, stale_after / 6))
+                        continue
+                    size = 1
+                batch = [study.ask() for _ in range(size)]
                 unfinished.update((t.number, t) for t in batch)
                 asked += batch
                 overrides = impl._configure_trials(batch, space, fixed, fixed_overrides)
                 first = impl.job_idx
-                returns = launcher.launch(overrides, initial_job_idx=first)
+                beat = Heartbeat(batch, stale_after / 6) if stale_after else nullcontext()
+                with beat:
+                    returns = launcher.launch(overrides, initial_job_idx=first)
                 impl.job_idx += len(returns)
                 failures = 0
                 for job, (trial, ret) in enumerate(zip(batch, returns, strict=True), start=first):
@@ -154,6 +183,32 @@ def _say_skips(ran: int, wanted: int, skipped: int) -> None:
             " Optuna) and did not count against hydra.sweeper.n_trials",
             *(ran, wanted, skipped),
         )
+
+
+def _requeue(study: optuna.Study, stale_after: float) -> None:
+    requeued = requeue_stale(study, stale_after)
+    if requeued:
+        log.warning(
+            "trial(s) %s of the study had no sign of life for %g s (their sweeper was killed,"
+            " or its node lost): marked failed, and their parameters asked again",
+            ", ".join(map(str, requeued)),
+            stale_after,
+        )
+
+
+def _elsewhere(study: optuna.Study, state: TrialState) -> int:
+    """Trials of the study in ``state``: on a shared storage, other sweepers' (RUNNING) or
+    asked again for a sweeper that died (WAITING)."""
+    return len(study.get_trials(deepcopy=False, states=(state,)))
+
+
+STALE_AFTER_S = 120.0  # sweep.stale_after_s where a sweep config does not say
+
+
+def _stale_after(config) -> float:
+    sweep = config.get("sweep")
+    value = sweep.get("stale_after_s") if sweep is not None else None
+    return float(value) if value else STALE_AFTER_S
 
 
 def _grid_size(grid: dict[str, list]) -> int:
