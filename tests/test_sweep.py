@@ -1404,6 +1404,22 @@ def test_of_two_sweepers_that_finish_together_one_runs_the_finals(project):
     assert "finished the search last and runs the finals on its machine" in outs[other]
 
 
+def test_a_study_refuses_a_machine_of_another_type():
+    from feedrate.sweep.study import MACHINE_KEY, check_machine, machine_type
+
+    study = optuna.create_study(study_name="mixed")
+    check_machine(study)
+    assert study.user_attrs[MACHINE_KEY] == machine_type(), "the first sweeper records it"
+    check_machine(study)  # the same type again: fine
+    here = machine_type()
+    study.set_user_attr(MACHINE_KEY, {**here, "gpu": "8x Another GPU", "ram_gb": 2015})
+    with pytest.raises(ConfigError) as refused:
+        check_machine(study)
+    shown = f"another machine type (gpu: 8x Another GPU there, {here['gpu']} here;"
+    assert shown in str(refused.value)
+    assert "ram_gb: 2015 there" in str(refused.value)
+
+
 def _fresh_database(url: str, name: str) -> str:
     """An empty database on the test's server, so each test has a study of its own."""
     import sqlalchemy
