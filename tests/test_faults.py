@@ -530,3 +530,25 @@ def test_samples_the_collate_cannot_batch_are_named(tmp_path, cls, workers, expe
     out = proc.stdout + proc.stderr
     assert expected in out and ("collate_fn" in out), out[-2000:]
     assert "Traceback" not in out
+
+
+def test_a_worker_at_its_descriptor_limit_leaves_its_temp_dir_without_a_traceback():
+    """Seen once in a full run: a worker that shared batches by descriptor could not list its
+    temporary directory at exit (EMFILE) and multiprocessing printed a traceback. Only that
+    cause is passed over; any other error still raises."""
+    code = """
+import errno, multiprocessing.util
+from feedrate.loader import _init_worker
+_init_worker(0)
+def out_of_descriptors(path):
+    raise OSError(errno.EMFILE, "Too many open files", path)
+def gone(path):
+    raise OSError(errno.EACCES, "Permission denied", path)
+multiprocessing.util._remove_temp_dir(out_of_descriptors, "/tmp/pymp-x")
+try:
+    multiprocessing.util._remove_temp_dir(gone, "/tmp/pymp-y")
+except PermissionError:
+    print("raised")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "raised", proc.stderr[-2000:]

@@ -3,10 +3,12 @@ and ``worker_threads``, which the workers' init function applies)."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import logging
 import multiprocessing.queues
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -285,3 +287,16 @@ def _init_worker(worker_id: int, threads: int | None = None) -> None:
 
     multiprocessing.queues.Queue._on_queue_feeder_error = staticmethod(feeder_error)
     sys.excepthook = lambda kind, exc, tb: fail(exc)  # multiprocessing's fd-sharing thread
+    # A worker that shares batches by descriptor makes a temporary directory for the sharer's
+    # socket, removed at its exit. A worker at its descriptor limit (the run already said so,
+    # once) cannot list it to remove it: multiprocessing would print a traceback per worker.
+    remove_temp_dir = multiprocessing.util._remove_temp_dir
+
+    def remove_or_leave(rmtree, tempdir):
+        try:
+            remove_temp_dir(rmtree, tempdir)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+
+    multiprocessing.util._remove_temp_dir = remove_or_leave

@@ -107,11 +107,15 @@ class Host:
         job_dir = Path(job_dir)
         job_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        answer = self._ask(overrides, job_dir, timeout_s, t0)
-        if answer.get("status") == REBUILD:  # built for another workload: start afresh
-            log.info("trial host: %s; starting a new one", answer["why"])
-            self.close()
+        try:
             answer = self._ask(overrides, job_dir, timeout_s, t0)
+            if answer.get("status") == REBUILD:  # built for another workload: start afresh
+                log.info("trial host: %s; starting a new one", answer["why"])
+                self.close()
+                answer = self._ask(overrides, job_dir, timeout_s, t0)
+        except KeyboardInterrupt:
+            self.close()  # the trial ends with the sweep now, not at the interpreter's exit
+            raise
         duration = time.perf_counter() - t0
         if answer.get("status") == DONE:
             self.trials += 1
