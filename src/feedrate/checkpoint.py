@@ -31,6 +31,7 @@ class Position:
     epoch_generator: torch.Tensor | None = None
     scaler: dict | None = None
     stream: dict | None = None  # a resumable stream's loader state (this rank's)
+    autotune: dict | None = None  # loader=autotune's tuning, while or after it ran
 
 
 def checkpoint_path(out_dir: Path, trainer: DictConfig) -> Path:
@@ -87,6 +88,7 @@ def save(
             "epoch": position.epoch,
             "epoch_samples": position.epoch_samples,
             "epoch_generator": position.epoch_generator,
+            "autotune": position.autotune,
             "batch_size": batch_size,
             "rng": rng_state(),
             "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
@@ -213,4 +215,5 @@ def restore(
         epoch_samples=state["epoch_samples"],
         epoch_generator=state["epoch_generator"],
         scaler=state["scaler"],
+        autotune=state.get("autotune"),
     )

@@ -61,6 +61,11 @@ class Measure(Enum):
     compute = "compute"  # the model on one device-resident batch, no loader: the model's ceiling
 
 
+class OnDrift(Enum):
+    warn = "warn"  # the drift guard's warning only
+    retune = "retune"  # loader=autotune: tune again at the next epoch boundary
+
+
 class Optimizer(Enum):
     sgd = "sgd"
     adamw = "adamw"
@@ -133,6 +138,8 @@ class LoaderConfig:
     decode: Decode = Decode.cpu
     # loader=auto: the run picks the preset measured on this machine and workload
     auto: bool = False
+    # loader=autotune: the run tunes the loader while it trains (trainer.autotune)
+    autotune: bool = False
     # Written by the sweep with the preset: where it was tuned. A run elsewhere says so.
     measured_on: MeasuredOn | None = None
 
@@ -253,6 +260,37 @@ class HardwareConfig:
 
 
 @dataclass
+class AutotuneConfig:
+    """``loader=autotune``: the loader tuned inside the run, on its real training steps
+    (:mod:`feedrate.autotune`). Each candidate is a new DataLoader that goes on where the one
+    before stopped in the epoch."""
+
+    # The tuning phase, in seconds; null: 60, at most a fifth of trainer.max_seconds, at
+    # most 120. The run trains all along; the rest of it runs the setting chosen.
+    budget_s: float | None = None
+    window_s: float = 2.0  # each candidate's measured window, after its warm-up
+    warmup_steps: int = 3  # at least, before the start-up backlog and the settling windows
+    window_steps: int = 5  # at least: a window is num_workers steps when that is more
+    # Re-measured in alternating rounds: the best candidates, those within finalist_within
+    # of the best (not near twins); the rounds stop at `rounds` or when the budget is spent.
+    finalists: int = 2
+    finalist_within: float = 0.10
+    rounds: int = 3
+    abandon_below: float = 0.5  # a candidate below half the best so far stops early
+    max_workers: int | None = None  # the machine's; null: as sweep=loader bounds it
+    search_threads: bool | None = None  # null: where the model trains on the CPU
+    # A preset measured on this machine and workload is kept when its check reads at least
+    # (1 - confirm_within) of the figure it records; otherwise the run searches.
+    confirm_within: float = 0.15
+    preset_name: str | None = None  # conf/loader/<name>.yaml; null: autotuned_<cores>core_<cpu|gpu>
+    write_preset: bool = True
+    overwrite: bool = False  # replace a preset feedrate did not write
+    # When the drift guard sees the data wait rise: warn, or tune again at the next epoch start
+    on_drift: OnDrift = OnDrift.warn
+    seed: int = 0  # the search's sampler
+
+
+@dataclass
 class TrainerConfig:
     max_steps: int | None = 200
     epochs: int | None = None
@@ -289,6 +327,7 @@ class TrainerConfig:
     # is drift_rise or more above the run's first ones (or the preset's); null: off.
     drift_rise: float | None = 0.25
     drift_windows: int = 5
+    autotune: AutotuneConfig = field(default_factory=AutotuneConfig)
 
 
 @dataclass

@@ -30,6 +30,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from feedrate import checkpoint, distributed, environment, hardware, provenance
+from feedrate.autotune import Tuner
+from feedrate.autotune import check as check_autotune
+from feedrate.autotune import summary as autotune_summary
 from feedrate.checks import validate
 from feedrate.errors import ConfigError, FeedrateError, Interrupted
 from feedrate.faults import LoaderFailure, diagnose
@@ -40,7 +43,7 @@ from feedrate.monitor import ResourceMonitor
 from feedrate.stream import is_resumable, is_stream, length
 from feedrate.sweep.trial import primary_config_dir
 from feedrate.trainer import Checkpoints, TrainResult, planned_steps, train
-from feedrate.workload import Kept, Workload, build, evaluate_held_out
+from feedrate.workload import Kept, Workload, build, evaluate_held_out, switch_loader
 
 log = logging.getLogger("feedrate")
 _DEFAULT_THREADS = torch.get_num_threads()  # PyTorch's choice for this process, at start
@@ -119,10 +122,35 @@ def run(
         saved = _checkpoint_to_continue(this)
         work = build(cfg, this.hw, this.ranks, kept)
         resume = _restore(this, work, saved)
+        tuner = _tuner(this, work, resume) if cfg.loader.autotune else None
         _write_environment(this)
-        result, monitor, skipped = _train_guarded(this, work, resume)
+        result, monitor, skipped = _train_guarded(this, work, resume, tuner)
         held_out = evaluate_held_out(work, cfg, this.hw)
-        return _write_metrics(this, work, result, monitor, held_out, skipped)
+        return _write_metrics(this, work, result, monitor, held_out, skipped, tuner)
+
+
+def _tuner(run: Run, work: Workload, resume: checkpoint.Position | None):
+    """``loader=autotune``'s tuner, its first candidate's loader in place: where a checkpoint
+    left the tuning, or a check of the preset measured here, or a new search."""
+    cfg, state = run.cfg, resume.autotune if resume is not None else None
+    here = provenance.Here.of(cfg, run.fingerprint, run.hw, _overrides())
+    directory = _config_dir() / "loader"
+    found = None
+    if state is None:
+        found = provenance.measured_here(directory, here, run.hw.is_cuda)
+        found = distributed.broadcast(found, run.ranks)  # rank 0's files decide
+    tuner = Tuner(
+        cfg,
+        run.ranks,
+        lambda loader: switch_loader(work, loader, cfg, run.hw, run.ranks),
+        directory,
+        here=here,
+        measured_here=found,
+        state=state,
+        out_dir=run.out,
+    )
+    tuner.build()
+    return tuner
 
 
 @contextlib.contextmanager
@@ -148,6 +176,8 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
         say=ranks.is_main,
     )
     validate(cfg)
+    if cfg.loader.autotune:
+        check_autotune(cfg)
     hw = distributed.setup(ranks, resolved, cfg.trainer)
     try:
         # Every rank writes (if anything) where rank 0 does: ranks may start a second apart.
@@ -234,7 +264,7 @@ def _reader(run: Run, work: Workload) -> checkpoint.Reader:
 
 
 def _train_guarded(
-    run: Run, work: Workload, resume: checkpoint.Position | None
+    run: Run, work: Workload, resume: checkpoint.Position | None, tuner=None
 ) -> tuple[TrainResult, ResourceMonitor, int]:
     """Train under the memory guard and the Ctrl-C handler; a failure is diagnosed and named.
     The trained state is saved before evaluation can fail."""
@@ -269,13 +299,14 @@ def _train_guarded(
                 preset_wait=provenance.preset_wait(
                     cfg, provenance.Here.of(cfg, run.fingerprint, run.hw)
                 ),
+                tuner=tuner,
             )
         except Exception as exc:
             _raise_named(exc, work, monitor)
         except KeyboardInterrupt:  # a second Ctrl-C stops at once, but leaves no worker behind
             work.loader.end_workers()
             raise
-        skipped = skipped_samples(work.loader)
+        skipped = skipped_samples(work.loader) + result.skipped
         work.loader.end_workers()  # persistent ones too: inside the monitored window
     if skipped:
         log.warning("%d samples failed to load and were skipped <cfg.dataset.on_error>", skipped)
@@ -335,6 +366,7 @@ def _write_metrics(
     monitor: ResourceMonitor,
     held_out: tuple[float | None, float | None],
     skipped: int,
+    tuner=None,
 ) -> dict:
     """metrics.json: this rank's figures, gathered over the ranks, written by rank 0."""
     hw, sample = run.hw, work.sample
@@ -365,6 +397,9 @@ def _write_metrics(
         run=record,
     )
     metrics = finite(distributed.gather(mine, run.ranks))
+    if tuner is not None and run.ranks.is_main:
+        metrics["autotune"] = finite(tuner.report(metrics.get("samples_per_sec")))
+        log.info("%s", autotune_summary(metrics["autotune"]))
     if run.ranks.is_main:
         path = run.out / "metrics.json"
         atomic_write_text(path, json.dumps(metrics, indent=2) + "\n")

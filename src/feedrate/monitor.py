@@ -138,6 +138,11 @@ class ResourceMonitor:
             self._cpus = list(range(psutil.cpu_count() or 1))
         self._cpu_start: tuple[float, float, float] | None = None
 
+    @property
+    def last_pss_bytes(self) -> float:
+        """The tree's PSS at the latest reading."""
+        return self._reference[0]
+
     def sample(self) -> None:
         pss, uss, count, children, main_pss = _tree_memory(self._proc)
         self._reference = (pss, psutil.virtual_memory().available)

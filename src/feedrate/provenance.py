@@ -272,9 +272,8 @@ def pick(
     found = _candidates(directory, here, batch_size_asked)
     memory_mb = _memory_here_mb()
     fits = {c.name: does_not_fit(c.settings, c.measured_on, has_cuda, memory_mb) for c in found}
-    same = [c for c in found if not c.machine and not c.workload and fits[c.name] is None]
-    if same:  # a sweep under a memory budget and one without: the faster that fits here
-        best = max(same, key=lambda c: c.measured_on.get("samples_per_sec") or 0)
+    best = _fastest_here(found, fits)
+    if best is not None:
         rate = best.measured_on.get("samples_per_sec")
         figures = f"{rate:,.0f} samples/s, " if rate else ""
         return best.name, (
@@ -294,6 +293,25 @@ def pick(
     refused = [f"{n}: {why}" for n, why in fits.items() if why]
     none = "no preset was measured here" + (f"; {'; '.join(refused)}" if refused else "")
     return FALLBACK, f"{none}; tune for this machine with python train.py -m sweep=loader"
+
+
+def _fastest_here(found: list[_Candidate], fits: dict[str, str | None]) -> _Candidate | None:
+    """Of the presets measured on this machine and workload that fit, the fastest (a sweep
+    under a memory budget and one without: the faster that fits here)."""
+    same = [c for c in found if not c.machine and not c.workload and fits[c.name] is None]
+    return max(same, key=lambda c: c.measured_on.get("samples_per_sec") or 0) if same else None
+
+
+def measured_here(directory: Path, here: Here, has_cuda: bool) -> tuple[str, dict, dict] | None:
+    """The fastest preset measured on this machine and workload that fits here, as (name,
+    settings, measured_on); None if there is none (``loader=autotune`` then searches)."""
+    found = _candidates(directory, here, False)
+    memory_mb = _memory_here_mb()
+    fits = {c.name: does_not_fit(c.settings, c.measured_on, has_cuda, memory_mb) for c in found}
+    best = _fastest_here(found, fits)
+    if best is None or not best.measured_on.get("samples_per_sec"):
+        return None
+    return best.name, best.settings, best.measured_on
 
 
 def asked_loader_keys(overrides) -> set[str]:

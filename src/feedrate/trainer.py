@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
@@ -22,10 +23,13 @@ from feedrate.drift import DriftGuard
 from feedrate.errors import ConfigError, DatasetError, Interrupted
 from feedrate.faults import LoaderFailure
 from feedrate.hardware import Hardware
-from feedrate.loader import loader_state, produced_samples
+from feedrate.loader import loader_state, produced_samples, skipped_samples
 from feedrate.meter import Meter, StepTimes
 from feedrate.monitor import ResourceMonitor
 from feedrate.stream import is_stream, nothing_here
+
+if TYPE_CHECKING:
+    from feedrate.autotune import Tuner
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,7 @@ class TrainResult:
     warmup: dict = field(default_factory=dict)  # how the warm-up ended (WarmUp.as_dict)
     abandoned: str = ""  # why measuring stopped early, if it did
     drift_warnings: int = 0  # times the input pipeline fell behind (feedrate.drift)
+    skipped: int = 0  # samples dataset.on_error=skip dropped in loaders switched away from
 
 
 @dataclass
@@ -189,7 +194,9 @@ class _Where:
     batches: int = 0  # of this epoch, from the loader
     generator: Any = None  # the shuffle's state at the epoch's start
 
-    def position(self, scaler: torch.amp.GradScaler, loader: DataLoader) -> Position:
+    def position(
+        self, scaler: torch.amp.GradScaler, loader: DataLoader, tuner: Tuner | None = None
+    ) -> Position:
         return Position(
             self.step,
             self.epoch,
@@ -197,6 +204,7 @@ class _Where:
             self.generator,
             scaler.state_dict(),
             loader_state(loader),
+            tuner.state() if tuner is not None else None,
         )
 
 
@@ -275,6 +283,38 @@ def _resident(batches: Batches, meter: Meter) -> Batches:
             meter.batch_arrived()
 
 
+def _meter(
+    cfg: DictConfig,
+    loader: DataLoader,
+    *,
+    total: int,
+    start: int,
+    measure: Measure,
+    monitor: ResourceMonitor,
+    hw: Hardware,
+    bar: tqdm,
+    drift: DriftGuard | None = None,
+) -> Meter:
+    """The meter of ``loader`` from step ``start`` on, measured as ``cfg`` says."""
+    workers = getattr(loader, "num_workers", 0) or 0
+    return Meter(
+        cfg,
+        total=total,
+        start=start,
+        backlog=startup_backlog(loader) if measure is not Measure.compute else 0,
+        # a window that sees every worker deliver: workers started together deliver in bursts
+        window_steps=max(cfg.window_steps, workers),
+        workers=workers,
+        measure=measure,
+        produced=lambda: produced_samples(loader),
+        monitor=monitor,
+        device=hw.device,
+        sync=lambda: _sync(hw.device),
+        bar=bar,
+        drift=drift,
+    )
+
+
 def train(
     *,
     model: nn.Module,
@@ -288,6 +328,7 @@ def train(
     checkpoints: Checkpoints | None = None,
     decode: Callable[[list], torch.Tensor] | None = None,
     preset_wait: float | None = None,
+    tuner: Tuner | None = None,
 ) -> TrainResult:
     """Train for ``planned_steps``, timed by a :class:`~feedrate.meter.Meter`.
 
@@ -295,31 +336,39 @@ def train(
     measuring start again there. ``checkpoints`` says when to save; Ctrl-C ends the run after
     the current step, with the state saved. ``preset_wait``, the data-wait share the loader
     preset was measured with, is one reference of the drift guard (:mod:`feedrate.drift`).
+    With ``tuner`` (``loader=autotune``), the run starts in the tuning phase: each candidate
+    has its own meter, and a new loader goes on in the epoch where the one before stopped
+    (:mod:`feedrate.autotune`); the run's meter starts with the setting chosen.
     """
     total = planned_steps(cfg, loader)
     measure = Measure(getattr(cfg.measure, "value", cfg.measure))
     where = _Where(resume.step, resume.epoch) if resume is not None else _Where(0, 0)
     bar = tqdm(total=total, initial=where.step, unit="step", desc="train", **_bar_style(cfg))
-    meter = Meter(
-        cfg,
-        total=total,
-        start=where.step,
-        backlog=startup_backlog(loader) if measure is not Measure.compute else 0,
-        # a window that sees every worker deliver: workers started together deliver in bursts
-        window_steps=max(cfg.window_steps, getattr(loader, "num_workers", 0) or 0),
-        workers=getattr(loader, "num_workers", 0) or 0,
-        measure=measure,
-        produced=lambda: produced_samples(loader),
-        monitor=monitor,
-        device=hw.device,
-        sync=lambda: _sync(hw.device),
-        bar=bar,
-        drift=(
+    tuning = tuner is not None and tuner.active
+    skipped = 0
+
+    def run_meter() -> Meter:
+        main = cfg
+        if tuner is not None and cfg.max_seconds is not None:  # the whole run's time
+            left = max(cfg.max_seconds - tuner.elapsed(), 0.0)
+            main = OmegaConf.merge(cfg, {"max_seconds": left})
+        drift = (
             DriftGuard(cfg.drift_rise, cfg.drift_windows, preset_wait)
             if cfg.drift_rise is not None and measure is not Measure.compute
             else None
-        ),
-    )
+        )
+        bar.set_description("train")
+        return _meter(main, loader, drift=drift, **meter_args, start=where.step)
+
+    def candidate_meter() -> Meter:
+        bar.set_description(f"train [autotune {tuner.phase}: {tuner.candidate.name}]")
+        return _meter(tuner.meter_config(), loader, **meter_args, start=where.step)
+
+    meter_args = dict(total=total, measure=measure, monitor=monitor, hw=hw, bar=bar)
+    if tuner is not None:
+        tuner.start()
+    meter = candidate_meter() if tuning else run_meter()
+    since = (where.step, time.perf_counter())  # the candidate's first step
     scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
     if resume is not None and resume.scaler:
         scaler.load_state_dict(resume.scaler)
@@ -329,6 +378,20 @@ def train(
     streaming = is_stream(getattr(loader, "dataset", None))
     step_limit = cfg.max_steps if streaming else total
     stopped_at = None
+
+    def switch() -> None:
+        """The candidate's measurement is over: the next one's loader (or the choice's)."""
+        nonlocal loader, meter, tuning, skipped, since
+        seconds = time.perf_counter() - since[1]
+        tuner.measured(meter.finish(), monitor, where.step - since[0], seconds)
+        skipped += skipped_samples(loader)
+        loader.end_workers()
+        tuning = tuner.advance()
+        loader = tuner.build()
+        meter = candidate_meter() if tuning else run_meter()
+        meter.start(where.step)
+        since = (where.step, time.perf_counter())
+
     with _uneven_inputs(model, streaming):
         while stopped_at is None:
             meter.epoch_started()
@@ -336,6 +399,7 @@ def train(
             resumed, resume = resume is not None, None  # only the first epoch resumes part-way
             if measure is Measure.compute:
                 batches = _resident(batches, meter)
+            switching = False
             for x, y in batches:
                 loss = logits = None
                 if measure is not Measure.loader:
@@ -346,20 +410,48 @@ def train(
                 bar.update(1)
                 if monitor.tripped:  # the memory guard: stop before the OOM killer does
                     raise LoaderFailure(monitor.tripped)
+                if tuning:
+                    tuner.steps += 1
+                    tuner.samples += len(y) * tuner.ranks.world_size
+                    # a map-style epoch goes on in the next loader; a stream's at its end
+                    switching = not streaming and tuner.over(done)
+                    done = False  # the candidate's measurement, not the run, is over
                 if done or (step_limit is not None and where.step >= step_limit):
-                    stopped_at = where.position(scaler, loader)
+                    stopped_at = where.position(scaler, loader, tuner)
+                    break
+                if switching:
                     break
                 if checkpoints is not None:
-                    position = lambda: where.position(scaler, loader)  # noqa: E731
+                    position = lambda: where.position(scaler, loader, tuner)  # noqa: E731
                     _save_if_due(checkpoints, where.step, total, position, meter, bar)
+            if switching:
+                batches.close()
+                # the next loader goes on with this epoch's shuffle, after what was trained
+                resume = where.position(scaler, loader)
+                switch()
+                continue
             if stopped_at is None and where.batches == 0 and where.samples == 0 and not resumed:
                 raise _empty_epoch(loader, streaming)
             where.epoch += 1
             if stopped_at is None and cfg.epochs is not None and where.epoch >= cfg.epochs:
-                stopped_at = where.position(scaler, loader)  # a stream ran out in the last epoch
+                # a stream ran out in the last epoch
+                stopped_at = where.position(scaler, loader, tuner)
+            if stopped_at is None and tuning:
+                if streaming and tuner.over(meter.done):
+                    switch()  # the next epoch starts with the next loader
+                else:  # the epoch's restart is no part of the candidate's rate
+                    meter.checkpoint_paused(where.step)
     bar.close()
+    finished = meter.finish()
+    if tuning:  # the run ended before the tuning did: decided on what was measured
+        tuner.measured(finished, monitor, where.step - since[0], time.perf_counter() - since[1])
+        tuner.conclude()
     return TrainResult(
-        **meter.finish(), steps=where.step, epochs_started=where.epoch, position=stopped_at
+        **finished,
+        steps=where.step,
+        epochs_started=where.epoch,
+        position=stopped_at,
+        skipped=skipped,
     )
 
 

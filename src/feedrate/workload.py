@@ -76,9 +76,10 @@ def make_input_transform(hw: Hardware, channels: int) -> Callable[..., torch.Ten
     return normalise
 
 
-@dataclass(frozen=True)
+@dataclass
 class Workload:
-    """What the run trains and measures, built from the config."""
+    """What the run trains and measures, built from the config. ``loader=autotune`` replaces
+    the loader (:meth:`switch_loader`) while the run tunes it."""
 
     dataset: Dataset
     train_set: GuardedDataset
@@ -195,6 +196,21 @@ def build(cfg: DictConfig, hw: Hardware, ranks: Ranks, kept: Kept | None = None)
         context=context,
         decode=decoder,
     )
+
+
+def switch_loader(work: Workload, loader: DictConfig, cfg: DictConfig, hw: Hardware, ranks: Ranks):
+    """A new DataLoader over the same training set, from ``loader`` (this rank's settings:
+    its ``num_workers`` is not split again); the workload's from now on."""
+    args = loader_kwargs(loader, hw)
+    if is_stream(work.dataset):
+        del args["shuffle"]
+        if args["num_workers"] > 1 and work.context.num_workers <= 1:  # not checked yet
+            check_split_by_worker(work.train_set.dataset, args["multiprocessing_context"])
+    work.loader = build_loader(work.train_set, args, cfg.trainer.seed, cfg.trainer.stream, ranks)
+    work.loader_args = args
+    work.context.num_workers = args["num_workers"]
+    work.context.prefetch_factor = loader.prefetch_factor
+    return work.loader
 
 
 def _first_sample(dataset: Dataset) -> torch.Tensor:

@@ -16,6 +16,7 @@ from feedrate.files import atomic_write_text
 from feedrate.sweep.space import default_threads
 
 MARKER = "# feedrate-preset: written by `python train.py -m sweep=loader`"
+AUTOTUNE_MARKER = "# feedrate-preset: written by `python train.py loader=autotune`"
 # Keys a preset may set: the DataLoader's own, as in LoaderConfig. Nothing executable.
 PRESET_KEYS = (
     "batch_size",
@@ -107,14 +108,16 @@ def check_writable(path: Path, overwrite: bool) -> None:
     """Refuse, before a sweep starts, to replace a preset feedrate did not write."""
     if not path.exists() or overwrite:
         return
-    if MARKER not in path.read_text().splitlines()[:2]:
+    if not {MARKER, AUTOTUNE_MARKER} & set(path.read_text().splitlines()[:2]):
         raise ConfigError(
             f"{path} exists and was not written by a feedrate sweep: it is kept. Choose another"
             f" name (sweep.preset_name=...) or replace it with sweep.overwrite=true"
         )
 
 
-def render(values: dict, header_lines: list[str], measured_on: dict | None = None) -> str:
+def render(
+    values: dict, header_lines: list[str], measured_on: dict | None = None, marker: str = MARKER
+) -> str:
     """The preset's text: usage line, marker, header, ``defaults: [default]``, the keys, and
     where it was measured (``measured_on``, which feedrate reads: feedrate.provenance)."""
     unknown = set(values) - set(PRESET_KEYS)
@@ -126,7 +129,7 @@ def render(values: dict, header_lines: list[str], measured_on: dict | None = Non
     body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
     usage, *rest = header_lines or [""]
     header = "\n".join(f"# {line}".rstrip() for line in rest)
-    return f"# {usage}\n{MARKER}\n{header}\n{body}"
+    return f"# {usage}\n{marker}\n{header}\n{body}"
 
 
 def write_preset(path: Path, text: str, overwrite: bool, verify) -> None:
