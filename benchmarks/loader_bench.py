@@ -80,6 +80,13 @@ WORKLOADS = {
         "dataset._target_=examples.remote_store.RemoteStoreDataset",
         "model=tiny_cnn",
     ],
+    # A third user's dataset, never tuned on before loader=autotune: a network filesystem whose
+    # reads take 4 ms and stall 150 ms one time in 40, then 0.5 ms of CPU (examples/stalls.py).
+    "stalls": [
+        "dataset=custom",
+        "dataset._target_=examples.stalls.StallingDataset",
+        "model=tiny_cnn",
+    ],
     # Real JPEGs read, decoded and augmented from disk.
     "photos": ["dataset=photos", "model=pooled_linear"],
     # A stream of tar shards (webdataset), decoded in the workers, training tiny_cnn.

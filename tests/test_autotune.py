@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
 import shutil
+import signal
+import statistics
+import threading
+import time
 
 import pytest
+import torch
 import yaml
 
 import feedrate
+import feedrate.errors
 
 from .conftest import CONF, run_torchrun
 from .counting import recorded
@@ -114,3 +123,151 @@ def test_two_ranks_switch_at_the_same_step_and_train_every_sample_once(tmp_path,
         assert sorted(per_rank[0][e] + per_rank[1][e]) == list(range(N))
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert {0, 4, 8} <= _workers_trained(metrics)
+
+
+def _interrupt_after(directory, batches: int) -> threading.Thread:
+    """Ctrl-C to this process once the model has recorded ``batches`` batches."""
+
+    def watch() -> None:
+        path = directory / "rank0.txt"
+        while not path.exists() or len(path.read_text().splitlines()) < batches:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_run_stopped_while_tuning_resumes_into_the_tuning(tmp_path, monkeypatch, caplog):
+    """Ctrl-C mid-search saves the tuning with the checkpoint; the resumed run goes on tuning
+    from there, and together the two runs train each sample once an epoch, in order."""
+    monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
+    run = tmp_path / "run"
+    overrides = [*_counting("map", "loader=autotune", "trainer.epochs=2"), *QUICK]
+    cfg = feedrate.compose(overrides, config_dir=CONF)
+    _interrupt_after(tmp_path, 70)
+    with pytest.raises(feedrate.errors.Interrupted, match="interrupted"):
+        feedrate.run(cfg, output_dir=run)
+    saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["autotune"]
+    assert saved["phase"] == "search" and len(saved["candidates"]) >= 2
+    cfg = feedrate.compose([*overrides, "trainer.resume=true"], config_dir=CONF)
+    with caplog.at_level(logging.INFO, logger="feedrate"):
+        metrics = feedrate.run(cfg, output_dir=run)
+    assert "loader=autotune goes on tuning from" in caplog.text
+    names = [c["name"] for c in metrics["autotune"]["candidates"]]
+    assert names[: len(saved["candidates"])] == [c["name"] for c in saved["candidates"]]
+    assert len(names) > len(saved["candidates"])
+    ids = recorded(tmp_path)
+    assert [sorted(e) for e in _epochs(ids, N)] == [list(range(N))] * 2
+
+
+def test_a_run_resumed_after_tuning_goes_straight_to_the_choice(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
+    run = tmp_path / "run"
+    tune = [*QUICK, "trainer.autotune.budget_s=1.5"]
+    first = [*_counting("map", "loader=autotune", "trainer.epochs=1"), *tune]
+    done = feedrate.run(feedrate.compose(first, config_dir=CONF), output_dir=run)
+    assert done["autotune"]["phase"] == "done"
+    chosen = done["autotune"]["chosen"]
+    second = [*_counting("map", "loader=autotune", "trainer.epochs=2"), *tune]
+    cfg = feedrate.compose([*second, "trainer.resume=true"], config_dir=CONF)
+    metrics = feedrate.run(cfg, output_dir=run)
+    assert metrics["autotune"]["chosen"]["name"] == chosen["name"]
+    assert len(metrics["autotune"]["candidates"]) == len(done["autotune"]["candidates"])
+    assert metrics["run"]["loader"]["num_workers"] == chosen["params"]["loader.num_workers"]
+    assert [sorted(e) for e in _epochs(recorded(tmp_path), N)] == [list(range(N))] * 2
+
+
+def test_the_preset_it_writes_is_checked_not_searched_by_the_next_run(
+    tmp_path, monkeypatch, caplog
+):
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    monkeypatch.setenv("FEEDRATE_CONFIG_DIR", str(conf))
+    monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
+    overrides = [
+        *_counting("map", "loader=autotune", "trainer.epochs=3"),
+        *QUICK,
+        "trainer.autotune.budget_s=2",
+        "trainer.autotune.write_preset=true",
+        "trainer.autotune.preset_name=at_test",
+    ]
+    first = feedrate.run(feedrate.compose(overrides, config_dir=conf), output_dir=tmp_path / "a")
+    path = conf / "loader" / "at_test.yaml"
+    assert first["autotune"]["preset"] == str(path)
+    preset = yaml.safe_load(path.read_text())
+    chosen = first["autotune"]["chosen"]
+    assert preset["num_workers"] == chosen["params"]["loader.num_workers"]
+    measured = preset["measured_on"]
+    assert measured["samples_per_sec"] == pytest.approx(
+        statistics.median([chosen["search"], *chosen["rounds"].values()]), abs=0.05
+    )
+    assert measured["workload"]["batch_size"] == BATCH and measured["machine"]["usable_cores"]
+    # the next run checks it, once; any figure above 1% of the recorded one keeps it
+    keep = [*overrides, "trainer.autotune.confirm_within=0.99"]
+    again = feedrate.run(feedrate.compose(keep, config_dir=conf), output_dir=tmp_path / "b")
+    assert again["autotune"]["confirmed"] == "at_test"
+    assert [c["name"] for c in again["autotune"]["candidates"]] == ["preset at_test"]
+    # a preset that no longer holds (its figure far above what it reads now) is searched again
+    preset["measured_on"]["samples_per_sec"] *= 100
+    path.write_text(path.read_text().split("defaults:")[0] + yaml.safe_dump(preset))
+    with caplog.at_level(logging.WARNING, logger="feedrate"):
+        redo = feedrate.run(feedrate.compose(overrides, config_dir=conf), output_dir=tmp_path / "c")
+    assert "below 85% of the" in caplog.text and "searching" in caplog.text
+    assert redo["autotune"]["confirmed"] is None and len(redo["autotune"]["candidates"]) > 1
+    # loader=auto picks what autotune wrote
+    auto = [o.replace("loader=autotune", "loader=auto") for o in overrides[:-5]]
+    with caplog.at_level(logging.INFO, logger="feedrate"):
+        feedrate.run(feedrate.compose(auto, config_dir=conf), output_dir=tmp_path / "d")
+    assert "loader=auto picked loader=at_test" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["trainer.stream=true"], "trainer.stream=true repeats the data without epochs"),
+        (["trainer.autotune.budget_s=-1"], "trainer.autotune.budget_s=-1.0 must be positive"),
+        (["trainer.autotune.window_s=0"], "trainer.autotune.window_s=0.0 must be positive"),
+    ],
+)
+def test_settings_it_cannot_tune_under_are_refused_before_training(
+    compose, tmp_path, overrides, expected
+):
+    cfg = compose("loader=autotune", "trainer.autotune.write_preset=false", *overrides)
+    with pytest.raises(feedrate.errors.ConfigError, match=re.escape(expected)):
+        feedrate.run(cfg, output_dir=tmp_path)
+    assert not (tmp_path / "metrics.json").exists()
+
+
+@pytest.mark.slow
+def test_on_drift_retune_tunes_again_once_the_data_wait_rose(tmp_path, caplog):
+    """Storage 20 ms a sample slower after 6 s: the drift guard warns, and the run tunes
+    again at the next epoch's start, from the setting it chose before."""
+    overrides = [
+        "dataset=synthetic",
+        "dataset.n_samples=640",
+        "dataset.image_size=32",
+        "dataset.io_latency_ms=1",
+        "dataset.slowdown_after_s=6",
+        "dataset.slowdown_ms=20",
+        "loader=autotune",
+        "loader.batch_size=16",
+        "trainer.max_steps=null",
+        "trainer.epochs=1000",
+        "trainer.max_seconds=25",
+        "trainer.window_steps=5",
+        "trainer.drift_windows=3",
+        "trainer.autotune.on_drift=retune",
+        *QUICK,
+        "trainer.autotune.budget_s=3",
+    ]
+    cfg = feedrate.compose(overrides, config_dir=CONF)
+    with caplog.at_level(logging.WARNING, logger="feedrate"):
+        metrics = feedrate.run(cfg, output_dir=tmp_path)
+    assert "the input pipeline fell behind" in caplog.text
+    assert "tuning again, from" in caplog.text
+    earlier = metrics["autotune"]["earlier"]
+    assert earlier and earlier[0]["chosen"] is not None
+    assert metrics["autotune"]["candidates"][0]["name"] == "current"
+    assert metrics["autotune"]["candidates"][0]["params"] == earlier[0]["chosen"]["params"]

@@ -134,9 +134,9 @@ class Candidate:
 
 def params_of(loader: DictConfig | dict) -> dict[str, Any]:
     """The tuned keys of a loader config, as ``loader.<key>`` parameters."""
-    values = OmegaConf.to_container(loader, resolve=True, enum_to_str=True)
-    if not isinstance(values, dict):
-        values = dict(loader)
+    values = loader
+    if isinstance(loader, DictConfig):
+        values = OmegaConf.to_container(loader, resolve=True, enum_to_str=True)
     return {f"loader.{k}": values.get(k) for k in TUNED if k in values}
 
 
@@ -225,7 +225,9 @@ class Tuner:
         self.chosen: Candidate | None = None
         self.reason = ""
         self.confirming: dict | None = None  # the preset measured here, while it is checked
+        self.confirmed: str | None = None  # its name, once its check held
         self.written: str | None = None
+        self.history: list[dict] = []  # the phases before, when the run tuned again
         self._clock_start: float | None = None
         self._clock_end: float | None = None
         self._study = None
@@ -393,6 +395,41 @@ class Tuner:
                 self._clock_end = time.perf_counter()
         return self.active
 
+    def drifted(self, meter: Any) -> bool:
+        """``on_drift=retune``: the drift guard of the run's meter has warned (rank 0's
+        guard, on every rank). Asked at epoch ends, after the phase."""
+        if getattr(self.at.on_drift, "value", self.at.on_drift) != "retune":
+            return False
+        return self.over(bool(meter.drift is not None and meter.drift.episodes))
+
+    def retune(self, finished: dict) -> None:
+        """Tune again, from the setting chosen before; what the phase before found and what
+        the run's meter measured since are kept in ``history``."""
+        times = finished["times"]
+        rate = times.samples / times.elapsed_s if times.elapsed_s > 0 else None
+        self.history.append(
+            {
+                "candidates": [c.as_dict() for c in self.candidates],
+                "chosen": self.chosen.as_dict() if self.chosen else None,
+                "reason": self.reason,
+                "seconds": round(self.elapsed(), 2),
+                "rate_after": rate * self.ranks.world_size if rate else None,
+            }
+        )
+        before = self.chosen or self.candidate
+        self.candidates = [Candidate("current", dict(before.params))]
+        self.phase, self.round, self.order, self.finalists = "search", 0, [], []
+        self.chosen, self.reason, self.current = None, "", 0
+        self.confirming = self.confirmed = None
+        self._study = None
+        self.spent, self._clock_start, self._clock_end = 0.0, time.perf_counter(), None
+        if self.ranks.is_main:
+            log.warning(
+                "loader=autotune: the input pipeline fell behind (the drift guard warned);"
+                " tuning again, from %s (trainer.autotune.on_drift=retune)",
+                before.describe(),
+            )
+
     def conclude(self) -> None:
         """The run ended during the phase: decide on what was measured (on rank 0)."""
         if self.active and self.ranks.is_main:
@@ -412,6 +449,7 @@ class Tuner:
             if c.search is not None and not c.failed and c.search >= (
                 1 - self.at.confirm_within
             ) * (figure or 0):
+                self.confirmed = self.confirming["preset"]
                 self.reason = (
                     f"confirmed: {c.search:,.1f} samples/s, within"
                     f" {self.at.confirm_within:.0%} of the {figure:,.1f} it records"
@@ -533,7 +571,7 @@ class Tuner:
             self.samples,
             self.reason,
         )
-        if self.confirming is None and self.preset_path is not None:
+        if self.confirmed is None and self.preset_path is not None:
             self._write_preset()
 
     # -- the search's study --------------------------------------------------------------
@@ -676,7 +714,9 @@ class Tuner:
             "samples": self.samples,
             "steps": self.steps,
             "confirming": self.confirming,
+            "confirmed": self.confirmed,
             "written": self.written,
+            "history": self.history,
         }
 
     def _restore(self, state: dict) -> None:
@@ -684,8 +724,10 @@ class Tuner:
         self.phase, self.round = state["phase"], state["round"]
         self.finalists, self.order = list(state["finalists"]), list(state["order"])
         self.reason, self.confirming = state["reason"], state["confirming"]
+        self.confirmed = state.get("confirmed")
         self.spent, self.samples, self.steps = state["spent_s"], state["samples"], state["steps"]
         self.written = state.get("written")
+        self.history = list(state.get("history") or [])
         self.chosen = next((c for c in self.candidates if c.name == state["chosen"]), None)
         self.current = state["current"]
         if self.active and self.current is not None:
@@ -699,9 +741,6 @@ class Tuner:
     def report(self, rate_after: float | None) -> dict:
         """metrics.json's ``autotune``: what tuning cost and gave."""
         start = self.candidates[0]
-        confirmed = None
-        if self.confirming and self.chosen is self.candidates[0]:
-            confirmed = self.confirming["preset"]  # the preset measured here still holds
         return {
             "budget_s": self.budget,
             "seconds": round(self.elapsed(), 2),
@@ -711,10 +750,11 @@ class Tuner:
             "candidates": [c.as_dict() for c in self.candidates],
             "chosen": self.chosen.as_dict() if self.chosen else None,
             "reason": self.reason,
-            "confirmed": confirmed,
+            "confirmed": self.confirmed,  # the preset measured here, which still holds
             "rate_before": start.median,
             "rate_after": rate_after,
             "preset": self.written,
+            "earlier": self.history,  # phases before this one (on_drift=retune)
         }
 
 

@@ -282,6 +282,7 @@ class AutotuneConfig:
     # A preset measured on this machine and workload is kept when its check reads at least
     # (1 - confirm_within) of the figure it records; otherwise the run searches.
     confirm_within: float = 0.15
+    from_preset: bool = True  # false: search even where a preset was measured here
     preset_name: str | None = None  # conf/loader/<name>.yaml; null: autotuned_<cores>core_<cpu|gpu>
     write_preset: bool = True
     overwrite: bool = False  # replace a preset feedrate did not write

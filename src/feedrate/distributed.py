@@ -143,6 +143,7 @@ def gather(metrics: dict, ranks: Ranks) -> dict:
         "samples_per_sec",
         "consumed_samples_per_sec",
         "measured_samples",
+        "trained_samples",
         "peak_pss_mb",
         "peak_uss_mb",
         "peak_processes",

@@ -136,7 +136,7 @@ def _tuner(run: Run, work: Workload, resume: checkpoint.Position | None):
     here = provenance.Here.of(cfg, run.fingerprint, run.hw, _overrides())
     directory = _config_dir() / "loader"
     found = None
-    if state is None:
+    if state is None and cfg.trainer.autotune.from_preset:
         found = provenance.measured_here(directory, here, run.hw.is_cuda)
         found = distributed.broadcast(found, run.ranks)  # rank 0's files decide
     tuner = Tuner(

@@ -4,6 +4,7 @@ run is measured")."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -216,7 +217,9 @@ class Meter:
     def epoch_started(self) -> None:
         """Before ``iter(loader)``: first_batch_s (and each restart) runs from here."""
         self._t_iter = self.clock()
-        self._first, self._first_epoch = True, self._epochs == 0
+        # the run's first batch: an epoch resumed at its very end (a checkpoint taken at an
+        # epoch's last step) yields none, and the next epoch's first batch is it
+        self._first, self._first_epoch = True, math.isnan(self.first_batch_s)
         self._epochs += 1
 
     def step_started(self) -> None:

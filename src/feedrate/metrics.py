@@ -149,6 +149,9 @@ def summarise(
         "val_accuracy": held_out[1],
         "skipped_samples": skipped,
         "steps": result.steps,
+        # every sample this run trained (warm-up and tuning included), in how long
+        "trained_samples": result.trained_samples,
+        "train_seconds": result.train_seconds,
         "warmup": result.warmup,
         "abandoned": result.abandoned or None,
         "drift_warnings": result.drift_warnings,

@@ -59,6 +59,8 @@ class TrainResult:
     abandoned: str = ""  # why measuring stopped early, if it did
     drift_warnings: int = 0  # times the input pipeline fell behind (feedrate.drift)
     skipped: int = 0  # samples dataset.on_error=skip dropped in loaders switched away from
+    trained_samples: int = 0  # by this process, warm-up (and tuning) included
+    train_seconds: float = 0.0  # from the first step's start to the last one's end
 
 
 @dataclass
@@ -369,6 +371,7 @@ def train(
         tuner.start()
     meter = candidate_meter() if tuning else run_meter()
     since = (where.step, time.perf_counter())  # the candidate's first step
+    began, trained = since[1], 0
     scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
     if resume is not None and resume.scaler:
         scaler.load_state_dict(resume.scaler)
@@ -406,6 +409,7 @@ def train(
                     inputs = normalise(x, inplace=measure is not Measure.compute)
                     loss, logits = _step(model, optimizer, scaler, hw, inputs, y)
                 where.step += 1
+                trained += len(y)
                 done = meter.step_done(where.step, len(y), loss, logits, y)
                 bar.update(1)
                 if monitor.tripped:  # the memory guard: stop before the OOM killer does
@@ -441,17 +445,27 @@ def train(
                     switch()  # the next epoch starts with the next loader
                 else:  # the epoch's restart is no part of the candidate's rate
                     meter.checkpoint_paused(where.step)
+            elif stopped_at is None and tuner is not None and tuner.drifted(meter):
+                tuner.retune(meter.finish())  # on_drift=retune: from this epoch's start
+                tuning = True
+                meter = candidate_meter()
+                meter.start(where.step)
+                since = (where.step, time.perf_counter())
     bar.close()
     finished = meter.finish()
     if tuning:  # the run ended before the tuning did: decided on what was measured
         tuner.measured(finished, monitor, where.step - since[0], time.perf_counter() - since[1])
         tuner.conclude()
+        if stopped_at is not None:  # the final checkpoint resumes into the choice
+            stopped_at.autotune = tuner.state()
     return TrainResult(
         **finished,
         steps=where.step,
         epochs_started=where.epoch,
         position=stopped_at,
         skipped=skipped,
+        trained_samples=trained,
+        train_seconds=time.perf_counter() - began,
     )
 
 

@@ -1,0 +1,237 @@
+"""loader=autotune against the sweep's tuned preset and the recipe: fixed-length runs.
+
+    python benchmarks/autotune_bench.py                          # synthetic, photos, stalls
+    python benchmarks/autotune_bench.py --workloads synthetic --seconds 120 --rounds 2
+
+For each workload: the default loader sweep writes its preset (bench_<workload>); then, in
+alternating rounds, three runs of the same length (`--seconds` of training, by
+`trainer.max_seconds`): `loader=autotune` searching from scratch (it does not start from the
+preset: `trainer.autotune.from_preset=false`), the sweep's preset, and `loader=recipe`. Each run
+is a fresh `python train.py`. Reported, with paired intervals over the rounds:
+
+- samples trained per second of the whole run, tuning included (autotune / tuned >= 0.9:
+  tuning costs at most 10%; autotune / recipe significantly above 1 where tuned / recipe is);
+- the tuning phase's seconds (<= 60 here) and the chosen setting's steady rate against the
+  tuned preset's (>= 0.9).
+
+Writes results.json, table.md and autotune.png under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from feedrate import stats
+from feedrate.environment import git_commit
+from feedrate.hardware import detect
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loader_bench import WORKLOADS, preset_name, run_sweep  # noqa: E402
+
+DEFAULT_WORKLOADS = ["synthetic", "photos", "stalls"]
+CONTESTANTS = ("autotune", "tuned", "recipe")
+TUNING_COST = 0.9  # autotune / tuned, samples of the whole run
+CHOICE = 0.9  # the chosen setting's steady rate / the tuned preset's
+TUNING_SECONDS = 60.0
+
+
+def loader_args(name: str, workload: str, args: argparse.Namespace) -> list[str]:
+    if name == "autotune":
+        return [
+            "loader=autotune",
+            "trainer.autotune.from_preset=false",
+            "trainer.autotune.write_preset=false",
+        ]
+    if name == "tuned":
+        return [f"loader={preset_name(workload, args)}"]
+    return ["loader=recipe"]
+
+
+def run_one(name: str, workload: str, r: int, out: Path, args: argparse.Namespace) -> dict:
+    run_dir = out / workload / f"round{r}_{name}"
+    cmd = [
+        sys.executable,
+        "train.py",
+        *WORKLOADS[workload],
+        *loader_args(name, workload, args),
+        "trainer.max_steps=null",
+        "trainer.epochs=100000",
+        f"trainer.max_seconds={args.seconds}",
+        "trainer.save_checkpoint=false",
+        "trainer.progress=false",
+        *args.extra,
+        f"hydra.run.dir={run_dir}",
+    ]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
+    wall = time.perf_counter() - t0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "log.txt").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        print(f"[{workload}] {name} failed: see {run_dir / 'log.txt'}", flush=True)
+        return {"name": name, "round": r, "ok": False, "wall_s": wall}
+    m = json.loads((run_dir / "metrics.json").read_text())
+    tuning = m.get("autotune") or {}
+    row = {
+        "name": name,
+        "round": r,
+        "ok": True,
+        "command": " ".join(cmd[1:]),
+        "wall_s": wall,
+        "trained_samples": m["trained_samples"],
+        "train_seconds": m["train_seconds"],
+        "whole_run": m["trained_samples"] / m["train_seconds"],
+        "steady": m["samples_per_sec"],
+        "data_wait_frac": m["data_wait_frac"],
+        "loader": m["run"]["loader"],
+        "tuning_s": tuning.get("seconds"),
+        "tuning_samples": tuning.get("samples"),
+        "chosen": (tuning.get("chosen") or {}).get("params"),
+        "candidates": len(tuning.get("candidates") or []),
+    }
+    shown = f"{row['whole_run']:,.1f} samples/s over the run, steady {row['steady']:,.1f}"
+    if tuning:
+        shown += f"; tuned in {row['tuning_s']:.0f} s, chose {row['chosen']}"
+    print(f"[{workload}] round {r + 1} {name}: {shown}", flush=True)
+    return row
+
+
+def compare(rows: list[dict], a: str, b: str, key: str) -> dict | None:
+    def rounds(name: str) -> dict[int, float]:
+        return {x["round"]: x[key] for x in rows if x["name"] == name and x["ok"]}
+
+    c = stats.compare(rounds(a), rounds(b))
+    return c.as_dict() | {"text": c.describe()} if c is not None else None
+
+
+def verdicts(rows: list[dict]) -> dict:
+    def median(name: str, key: str) -> float | None:
+        values = [x[key] for x in rows if x["name"] == name and x["ok"] and x[key] is not None]
+        return statistics.median(values) if values else None
+
+    cost = compare(rows, "autotune", "tuned", "whole_run")
+    versus_recipe = compare(rows, "autotune", "recipe", "whole_run")
+    tuned_recipe = compare(rows, "tuned", "recipe", "whole_run")
+    choice = compare(rows, "autotune", "tuned", "steady")
+    tuning_s = [x["tuning_s"] for x in rows if x["name"] == "autotune" and x["ok"]]
+    return {
+        "medians": {n: median(n, "whole_run") for n in CONTESTANTS},
+        "autotune_vs_tuned": cost,
+        "autotune_vs_recipe": versus_recipe,
+        "tuned_vs_recipe": tuned_recipe,
+        "choice_vs_tuned": choice,
+        "tuning_s": tuning_s,
+        "pass": {
+            "cost": cost is not None and cost["ratio"] >= TUNING_COST,
+            "ahead_of_recipe": (
+                tuned_recipe is None
+                or tuned_recipe["verdict"] != stats.WIN
+                or (versus_recipe is not None and versus_recipe["verdict"] == stats.WIN)
+            ),
+            "tuning_seconds": bool(tuning_s) and max(tuning_s) <= TUNING_SECONDS,
+            "choice": choice is not None and choice["ratio"] >= CHOICE,
+        },
+    }
+
+
+def table(results: dict, seconds: float) -> str:
+    lines = [
+        f"Runs of {seconds:.0f} s of training each (trainer.max_seconds), fresh processes;"
+        " samples/s of the whole run (tuning included), median of the rounds; ratios are"
+        " geometric means of the paired rounds with 95% intervals.",
+        "",
+        "| workload | autotune | tuned preset | recipe | autotune / tuned (>= 0.9) |"
+        " autotune / recipe | tuned / recipe | tuning s (<= 60) | choice / tuned, steady"
+        " (>= 0.9) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for workload, res in results.items():
+        v = res["verdicts"]
+        m = v["medians"]
+
+        def text(key: str) -> str:
+            return v[key]["text"] if v[key] else "-"
+
+        ok = {k: "PASS" if p else "MISS" for k, p in v["pass"].items()}
+        tuning = ", ".join(f"{s:.0f}" for s in v["tuning_s"] if s is not None) or "-"
+        lines.append(
+            f"| {workload} | {m['autotune'] or 0:,.1f} | {m['tuned'] or 0:,.1f} |"
+            f" {m['recipe'] or 0:,.1f} | {text('autotune_vs_tuned')} {ok['cost']} |"
+            f" {text('autotune_vs_recipe')} {ok['ahead_of_recipe']} | {text('tuned_vs_recipe')} |"
+            f" {tuning} {ok['tuning_seconds']} | {text('choice_vs_tuned')} {ok['choice']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.25
+    names = list(results)
+    for i, name in enumerate(CONTESTANTS):
+        for j, workload in enumerate(names):
+            values = [
+                x["whole_run"] for x in results[workload]["rows"] if x["name"] == name and x["ok"]
+            ]
+            if not values:
+                continue
+            x = j + (i - 1) * width
+            ax.bar(x, statistics.median(values), width, color=f"C{i}", label=name if j == 0 else "")
+            ax.plot([x] * len(values), values, "k.", markersize=4)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("samples/s over the whole run (tuning included)")
+    ax.set_title("loader=autotune against the sweep's preset and the recipe (dots: rounds)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS, choices=WORKLOADS)
+    parser.add_argument("--seconds", type=float, default=300.0, help="training time of a run")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--skip-sweep", action="store_true", help="reuse conf/loader/bench_*")
+    parser.add_argument("--extra", nargs="*", default=[], help="overrides for every run")
+    parser.add_argument("--sweep-extra", nargs="*", default=[], help="overrides for the sweep")
+    args = parser.parse_args()
+    args.fresh, args.preset_name = False, None  # what loader_bench.run_sweep reads
+
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    out = (args.out or ROOT / "benchmarks" / "results" / f"{stamp}_autotune").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {detect().short()}\noutput: {out}", flush=True)
+    results = {}
+    for workload in args.workloads:
+        sweep_s = None if args.skip_sweep else run_sweep(workload, out, args)["total"]
+        rows = []
+        for r in range(args.rounds):
+            order = CONTESTANTS if r % 2 == 0 else CONTESTANTS[::-1]
+            rows += [run_one(name, workload, r, out, args) for name in order]
+        results[workload] = {"sweep_s": sweep_s, "rows": rows, "verdicts": verdicts(rows)}
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    text = table(results, args.seconds)
+    command = "python benchmarks/autotune_bench.py " + " ".join(sys.argv[1:])
+    header = f"Command: `{command}`\nCommit: {git_commit()}\nMachine: {detect().short()}\n\n"
+    (out / "table.md").write_text(header + text)
+    plot(results, out / "autotune.png")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
