@@ -30,6 +30,7 @@ sweep: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/loader_bench.py
+	$(PY) benchmarks/autotune_bench.py
 
 doctor: $(STAMP)
 	$(PY) -m feedrate.doctor

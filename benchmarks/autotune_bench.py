@@ -157,7 +157,7 @@ def table(results: dict, seconds: float) -> str:
         v = res["verdicts"]
         m = v["medians"]
 
-        def text(key: str) -> str:
+        def text(key: str, v: dict = v) -> str:
             return v[key]["text"] if v[key] else "-"
 
         ok = {k: "PASS" if p else "MISS" for k, p in v["pass"].items()}

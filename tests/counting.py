@@ -24,15 +24,21 @@ def _sample(index: int, latency_s: float) -> tuple[torch.Tensor, int]:
 
 
 class Indexed(Dataset):
+    """``die_with``: a worker of a loader with that many workers or more exits at once (a
+    setting that cannot run here, as one that runs out of memory)."""
+
     classes = [0, 1]
 
-    def __init__(self, n: int = 512, latency_ms: float = 0.0) -> None:
-        self.n, self.latency_s = n, latency_ms / 1e3
+    def __init__(self, n: int = 512, latency_ms: float = 0.0, die_with: int = 0) -> None:
+        self.n, self.latency_s, self.die_with = n, latency_ms / 1e3, die_with
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        info = get_worker_info()
+        if self.die_with and info is not None and info.num_workers >= self.die_with:
+            os._exit(1)
         return _sample(index, self.latency_s)
 
 

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from feedrate import distributed, provenance, stats
@@ -41,7 +40,11 @@ from feedrate.errors import ConfigError
 log = logging.getLogger(__name__)
 
 # What a candidate sets, and what the sweep's search space suggests (its ``loader.`` keys)
-TUNED = ("num_workers", "prefetch_factor", "pin_memory", "main_threads", "worker_threads", "decode")
+# (not decode placement: it is built into the workload, not the loader)
+TUNED = ("num_workers", "prefetch_factor", "pin_memory", "main_threads", "worker_threads")
+# What a preset checked in the run brings along with them
+CHECKED = (*TUNED, "persistent_workers", "multiprocessing_context")
+PER_RANK = ("loader.num_workers", "loader.main_threads")  # presets say the machine's
 DEFAULT_BUDGET_S = 60.0
 MAX_BUDGET_S = 120.0
 BUDGET_SHARE = 0.2  # of trainer.max_seconds, at most
@@ -132,12 +135,19 @@ class Candidate:
         return cls(**data)
 
 
-def params_of(loader: DictConfig | dict) -> dict[str, Any]:
-    """The tuned keys of a loader config, as ``loader.<key>`` parameters."""
+def params_of(
+    loader: DictConfig | dict, ranks: distributed.Ranks, keys: tuple[str, ...] = TUNED
+) -> dict[str, Any]:
+    """The tuned keys of a loader config, as ``loader.<key>`` parameters, for one rank (a
+    config's ``num_workers`` and ``main_threads`` are the machine's, split between ranks)."""
     values = loader
     if isinstance(loader, DictConfig):
         values = OmegaConf.to_container(loader, resolve=True, enum_to_str=True)
-    return {f"loader.{k}": values.get(k) for k in TUNED if k in values}
+    params = {f"loader.{k}": values.get(k) for k in keys if k in values}
+    for key in PER_RANK:
+        if params.get(key):
+            params[key] = distributed.workers_per_rank(params[key], ranks)
+    return params
 
 
 def loader_config(base: DictConfig, params: dict[str, Any]) -> DictConfig:
@@ -166,13 +176,14 @@ def decide(candidates: list[Candidate]) -> tuple[Candidate, str]:
     finals = [c for c in ok if len(c.rounds) >= stats.MIN_ROUNDS]
     if len(finals) >= 2:
         fastest = max(finals, key=lambda c: statistics.median(c.rounds.values()))
-        confidence = simultaneous(len(finals) - 1)
+        confidence = simultaneous(len(finals))  # as the sweep widens its intervals
         kept = []
         for c in finals:
             versus = stats.compare(c.rounds, fastest.rounds, confidence)
             if c is fastest or versus is None or versus.verdict != stats.LOSS:
                 kept.append(c)
-        winner = min(kept, key=lambda c: (c.workers, c.peak_mb or 0.0))
+        # fewer workers, then less memory (unknown memory counts as the most)
+        winner = min(kept, key=lambda c: (c.workers, c.peak_mb or float("inf")))
         others = [c.name for c in kept if c is not winner]
         why = (
             f"the cheapest of those no other finalist is significantly faster than"
@@ -205,16 +216,24 @@ class Tuner:
         out_dir: Path | None = None,
     ) -> None:
         self.cfg, self.at, self.ranks = cfg, cfg.trainer.autotune, ranks
-        self.make_loader = make_loader
+        self.make_loader = make_loader  # (loader config, seed) -> DataLoader
+        self.threads = torch.get_num_threads()  # the run's own, where a candidate sets none
         self.here, self.out_dir = here, out_dir
         self.budget = budget_seconds(cfg.trainer)
         self.base_loader = cfg.loader
         self.preset_path: Path | None = None
+        problem = None
         if preset_dir is not None and self.at.write_preset and ranks.is_main:
             from feedrate.sweep.preset import check_writable, preset_path
 
-            self.preset_path = preset_path(preset_dir.parent, self._preset_name())
-            check_writable(self.preset_path, self.at.overwrite)  # refused before training
+            try:  # refused before training, on every rank
+                self.preset_path = preset_path(preset_dir.parent, self._preset_name())
+                check_writable(self.preset_path, self.at.overwrite, "trainer.autotune")
+            except ConfigError as exc:
+                problem = str(exc)
+        problem = distributed.broadcast(problem, ranks)
+        if problem:
+            raise ConfigError(problem.replace("sweep.preset_name", "trainer.autotune.preset_name"))
         self.candidates: list[Candidate] = []
         self.phase = "search"
         self.round = 0
@@ -226,6 +245,8 @@ class Tuner:
         self.reason = ""
         self.confirming: dict | None = None  # the preset measured here, while it is checked
         self.confirmed: str | None = None  # its name, once its check held
+        self.cut = False  # the run ended during the phase: nothing written
+        self.retunes = 0
         self.written: str | None = None
         self.history: list[dict] = []  # the phases before, when the run tuned again
         self._clock_start: float | None = None
@@ -240,13 +261,10 @@ class Tuner:
             name, settings, measured_on = measured_here
             self.phase = "confirm"
             self.confirming = {"preset": name, "samples_per_sec": measured_on["samples_per_sec"]}
-            params = params_of(settings)
-            for key in ("loader.num_workers", "loader.main_threads"):  # the machine's: per rank
-                if params.get(key):
-                    params[key] = distributed.workers_per_rank(params[key], ranks)
+            params = params_of(settings, ranks, CHECKED)
             self.candidates.append(Candidate(f"preset {name}", params))
         else:
-            self.candidates.append(Candidate("start", params_of(cfg.loader)))
+            self.candidates.append(Candidate("start", params_of(cfg.loader, ranks)))
 
     # -- what the run asks ---------------------------------------------------------------
 
@@ -267,8 +285,10 @@ class Tuner:
 
     def start(self) -> None:
         """The phase's clock starts with the first candidate's first step."""
+        if not self.active:  # resumed after the phase: its seconds are the checkpoint's
+            return
         self._clock_start = time.perf_counter()
-        if self.ranks.is_main and self.active:
+        if self.ranks.is_main:
             log.info(
                 "loader=autotune: tuning for up to %.0f s while training; %s first",
                 self.budget - self.spent,
@@ -278,13 +298,13 @@ class Tuner:
     def loader_cfg(self, candidate: Candidate | None = None) -> DictConfig:
         return loader_config(self.base_loader, (candidate or self.candidate).params)
 
-    def build(self, candidate: Candidate | None = None):
-        """The DataLoader of ``candidate`` (the current one), and its threads set."""
-        loader_cfg = self.loader_cfg(candidate)
-        threads = loader_cfg.main_threads or self.cfg.hardware.torch_threads
-        if threads:
-            torch.set_num_threads(int(threads))
-        return self.make_loader(loader_cfg)
+    def build(self, step: int = 0):
+        """The current candidate's DataLoader (or the choice's), and its threads set. Its
+        workers' seeds come from ``step``: a loader built mid-run does not draw the first
+        one's augmentations again."""
+        loader_cfg = self.loader_cfg()
+        torch.set_num_threads(int(loader_cfg.main_threads or self.threads))
+        return self.make_loader(loader_cfg, self.cfg.trainer.seed + step)
 
     def meter_config(self) -> DictConfig:
         """How a candidate is measured: the sweep's trial settings, in the run."""
@@ -307,11 +327,7 @@ class Tuner:
 
     def over(self, done: bool) -> bool:
         """Rank 0's ``done`` (its meter's measurement is over), on every rank."""
-        if not self.ranks.enabled:
-            return done
-        flag = torch.tensor([1 if done else 0], dtype=torch.int32)
-        dist.broadcast(flag, src=0)
-        return bool(flag.item())
+        return distributed.flag(done, self.ranks)
 
     def measured(self, finished: dict, monitor: Any, steps: int, seconds: float) -> None:
         """The current candidate's measurement (a meter's ``finish()``) is over."""
@@ -355,10 +371,10 @@ class Tuner:
             else:
                 self._study.tell(c.trial, state=TrialState.PRUNED)
 
-    def failed(self, reason: str) -> None:
+    def failed(self, reason: str, steps: int = 0, seconds: float = 0.0) -> None:
         """The current candidate could not run (its workers died, memory ran out)."""
         c = self.candidate
-        c.failed = reason
+        c.failed, c.steps, c.seconds = reason, c.steps + steps, c.seconds + seconds
         if self.ranks.is_main:
             log.warning("loader=autotune: %s failed: %s", c.describe(), reason)
         if self._study is not None and c.trial is not None and self.phase == "search":
@@ -400,6 +416,8 @@ class Tuner:
         guard, on every rank). Asked at epoch ends, after the phase."""
         if getattr(self.at.on_drift, "value", self.at.on_drift) != "retune":
             return False
+        if self.retunes >= self.at.max_retunes:
+            return False
         return self.over(bool(meter.drift is not None and meter.drift.episodes))
 
     def retune(self, finished: dict) -> None:
@@ -417,6 +435,7 @@ class Tuner:
             }
         )
         before = self.chosen or self.candidate
+        self.retunes += 1
         self.candidates = [Candidate("current", dict(before.params))]
         self.phase, self.round, self.order, self.finalists = "search", 0, [], []
         self.chosen, self.reason, self.current = None, "", 0
@@ -433,7 +452,10 @@ class Tuner:
     def conclude(self) -> None:
         """The run ended during the phase: decide on what was measured (on rank 0)."""
         if self.active and self.ranks.is_main:
-            self.reason = "the run ended during the tuning phase; " + decide(self.candidates)[1]
+            self.cut = True
+            winner, why = decide(self.candidates)
+            self.reason = f"the run ended during the tuning phase: {why.split(' (')[0]}"
+            self.chosen = winner
             self._finish()
         self.phase = "done"
         if self._clock_end is None:
@@ -446,9 +468,11 @@ class Tuner:
         if self.phase == "confirm":
             c = self.candidate
             figure = self.confirming["samples_per_sec"]
-            if c.search is not None and not c.failed and c.search >= (
-                1 - self.at.confirm_within
-            ) * (figure or 0):
+            if (
+                c.search is not None
+                and not c.failed
+                and c.search >= (1 - self.at.confirm_within) * (figure or 0)
+            ):
                 self.confirmed = self.confirming["preset"]
                 self.reason = (
                     f"confirmed: {c.search:,.1f} samples/s, within"
@@ -501,7 +525,7 @@ class Tuner:
             params = {k: v for k, v in trial.params.items()}
             twin = next((c for c in self.candidates if self._same(c.params, params)), None)
             if twin is None:
-                name = f"trial {trial.number}"
+                name = f"trial {sum(c.trial is not None for c in self.candidates) + 1}"
                 self.candidates.append(Candidate(name, params, trial=trial.number))
                 self.current = len(self.candidates) - 1
                 return self.current
@@ -514,7 +538,7 @@ class Tuner:
         return None
 
     def _same(self, a: dict, b: dict) -> bool:
-        full = params_of(self.base_loader)
+        full = params_of(self.base_loader, self.ranks)
         return {**full, **a} == {**full, **b}
 
     def _start_finals(self) -> None:
@@ -571,7 +595,15 @@ class Tuner:
             self.samples,
             self.reason,
         )
-        if self.confirmed is None and self.preset_path is not None:
+        if self.cut:
+            log.warning(
+                "loader=autotune: the run ended during its tuning phase (%.0f s of a %.0f s"
+                " budget): no preset written; give the run more steps or"
+                " trainer.autotune.budget_s less",
+                self.elapsed(),
+                self.budget,
+            )
+        elif self.confirmed is None and self.preset_path is not None:
             self._write_preset()
 
     # -- the search's study --------------------------------------------------------------
@@ -590,6 +622,7 @@ class Tuner:
                     "tune_batch_size": False,
                     "batch_sizes": [],
                     "search_threads": at.search_threads,
+                    "search_decode": False,
                 },
                 "trainer": {"stream": True, "measure": "train"},
             }
@@ -607,21 +640,34 @@ class Tuner:
             return self._study
         import optuna
 
-        from feedrate.sweep.space import default_threads, search_threads, seed_settings
+        from feedrate.sweep.space import (
+            default_threads,
+            loader_search_space,
+            search_threads,
+            seed_settings,
+        )
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         node, seeds = self._space_cfg, self.seeds
         sampler = optuna.samplers.TPESampler(seed=self.at.seed, n_startup_trials=len(seeds))
         self._study = optuna.create_study(direction="maximize", sampler=sampler)
+        # A resumed run: the suggestions measured before, told again (their trial numbers
+        # are this study's from now on), before the seeds still to come
+        for c in (c for c in self.candidates if c.trial is not None):
+            self._study.enqueue_trial(c.params)
+            trial = self._study.ask()
+            loader_search_space(node, trial)
+            c.trial = trial.number
+            if c.search is not None and not c.failed:
+                self._study.tell(trial, c.search)
+            else:
+                self._study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         same = seed_settings(node)
         threads = default_threads() if search_threads(node) else {}
-        known = [c for c in self.candidates if c.trial is not None]
         for workers in seeds:
             params = {"loader.num_workers": workers, **same, **threads}
             if not any(self._same(c.params, params) for c in self.candidates):
                 self._study.enqueue_trial(params)
-        for c in known:  # a resumed run: what was measured before, told again
-            self._study.enqueue_trial(c.params)
         return self._study
 
     # -- the preset ----------------------------------------------------------------------
@@ -644,9 +690,7 @@ class Tuner:
         )
 
         winner, path = self.chosen, self.preset_path
-        loader = OmegaConf.to_container(
-            self.loader_cfg(winner), resolve=True, enum_to_str=True
-        )
+        loader = OmegaConf.to_container(self.loader_cfg(winner), resolve=True, enum_to_str=True)
         local = self.ranks.local_world_size
         for key in ("num_workers", "main_threads"):  # the machine's, as presets say
             if loader.get(key):
@@ -685,8 +729,7 @@ class Tuner:
                 got = getattr(got, "value", got)
                 if got != value:
                     raise ConfigError(
-                        f"the written preset loader={name} composes to {key}={got!r},"
-                        f" not {value!r}"
+                        f"the written preset loader={name} composes to {key}={got!r}, not {value!r}"
                     )
 
         try:
@@ -717,6 +760,8 @@ class Tuner:
             "confirmed": self.confirmed,
             "written": self.written,
             "history": self.history,
+            "cut": self.cut,
+            "retunes": self.retunes,
         }
 
     def _restore(self, state: dict) -> None:
@@ -728,6 +773,7 @@ class Tuner:
         self.spent, self.samples, self.steps = state["spent_s"], state["samples"], state["steps"]
         self.written = state.get("written")
         self.history = list(state.get("history") or [])
+        self.cut, self.retunes = bool(state.get("cut")), int(state.get("retunes") or 0)
         self.chosen = next((c for c in self.candidates if c.name == state["chosen"]), None)
         self.current = state["current"]
         if self.active and self.current is not None:
@@ -751,8 +797,11 @@ class Tuner:
             "chosen": self.chosen.as_dict() if self.chosen else None,
             "reason": self.reason,
             "confirmed": self.confirmed,  # the preset measured here, which still holds
+            "first": start.name,
             "rate_before": start.median,
-            "rate_after": rate_after,
+            # the run's figure after the phase; none when the run ended during it
+            "rate_after": None if self.cut else rate_after,
+            "retunes": self.retunes,
             "preset": self.written,
             "earlier": self.history,  # phases before this one (on_drift=retune)
         }
@@ -768,7 +817,9 @@ def summary(report: dict) -> str:
     for c in report["candidates"]:
         figures = [c["search"], *c["rounds"].values()]
         shown = ", ".join(f"{v:,.1f}" for v in figures if v is not None) or "-"
-        params = " ".join(f"{k.split('.', 1)[1]}={v}" for k, v in c["params"].items() if v is not None)
+        params = " ".join(
+            f"{k.split('.', 1)[1]}={v}" for k, v in c["params"].items() if v is not None
+        )
         failed = f"  ({c['failed']})" if c["failed"] else ""
         lines.append(f"  {c['name']:>10}: {shown:<28} samples/s  {params}{failed}")
     chosen = report["chosen"]
@@ -777,7 +828,7 @@ def summary(report: dict) -> str:
     before, after = report["rate_before"], report["rate_after"]
     if before and after:
         lines.append(
-            f"  samples/s before (the run's own loader): {before:,.1f}; after: {after:,.1f}"
+            f"  samples/s with {report['first']}: {before:,.1f}; after the choice: {after:,.1f}"
             f" ({after / before:.2f}x, single measurements)"
         )
     if report["preset"]:

@@ -288,6 +288,7 @@ class AutotuneConfig:
     overwrite: bool = False  # replace a preset feedrate did not write
     # When the drift guard sees the data wait rise: warn, or tune again at the next epoch start
     on_drift: OnDrift = OnDrift.warn
+    max_retunes: int = 3  # on_drift=retune: at most this many times a run
     seed: int = 0  # the search's sampler
 
 

@@ -84,8 +84,12 @@ def setup(ranks: Ranks, hw: Hardware, trainer) -> Hardware:
             )
         torch.cuda.set_device(ranks.local_rank)
         hw = dataclasses.replace(hw, device=torch.device("cuda", ranks.local_rank))
+    global _CONTROL
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if hw.is_cuda else "gloo")
+    # Flags that steer the loop (loader=autotune's switches) travel on the CPU: a gloo group
+    # beside NCCL, so no device sync is paid for them. Every rank creates it, in this order.
+    _CONTROL = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
     log.info(
         "rank %d of %d (local %d of %d) on %s, backend %s",
         ranks.rank,
@@ -176,6 +180,27 @@ def shm_per_host(every: list[dict]) -> float | None:
         host = (m.get("run") or {}).get("host", "")
         per_host[host] = max(per_host.get(host, 0.0), value)
     return sum(per_host.values())
+
+
+_CONTROL = None  # the gloo group of flag(), under NCCL
+
+
+def flag(value: bool, ranks: Ranks) -> bool:
+    """Rank 0's ``value`` on every rank: a one-integer broadcast on the CPU."""
+    if not ranks.enabled:
+        return value
+    box = torch.tensor([1 if value else 0], dtype=torch.int32)
+    dist.broadcast(box, src=0, group=_CONTROL)
+    return bool(box.item())
+
+
+def gather_all(value, ranks: Ranks) -> list:
+    """Every rank's ``value``, on every rank."""
+    if not ranks.enabled:
+        return [value]
+    every: list = [None] * ranks.world_size
+    dist.all_gather_object(every, value)
+    return every
 
 
 def barrier(ranks: Ranks) -> None:

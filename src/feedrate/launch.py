@@ -121,18 +121,21 @@ def run(
     with _opened(cfg, output_dir) as this:
         saved = _checkpoint_to_continue(this)
         work = build(cfg, this.hw, this.ranks, kept)
+        # the tuner's loader first: a stream's position is restored into it
+        tuner = _tuner(this, work, saved) if cfg.loader.autotune else None
         resume = _restore(this, work, saved)
-        tuner = _tuner(this, work, resume) if cfg.loader.autotune else None
         _write_environment(this)
         result, monitor, skipped = _train_guarded(this, work, resume, tuner)
         held_out = evaluate_held_out(work, cfg, this.hw)
         return _write_metrics(this, work, result, monitor, held_out, skipped, tuner)
 
 
-def _tuner(run: Run, work: Workload, resume: checkpoint.Position | None):
+def _tuner(run: Run, work: Workload, saved: dict | None) -> Tuner:
     """``loader=autotune``'s tuner, its first candidate's loader in place: where a checkpoint
     left the tuning, or a check of the preset measured here, or a new search."""
-    cfg, state = run.cfg, resume.autotune if resume is not None else None
+    cfg, state = run.cfg, (saved or {}).get("autotune")
+    if is_stream(work.dataset) and run.ranks.enabled:
+        _check_even_stream(run, work)
     here = provenance.Here.of(cfg, run.fingerprint, run.hw, _overrides())
     directory = _config_dir() / "loader"
     found = None
@@ -142,15 +145,29 @@ def _tuner(run: Run, work: Workload, resume: checkpoint.Position | None):
     tuner = Tuner(
         cfg,
         run.ranks,
-        lambda loader: switch_loader(work, loader, cfg, run.hw, run.ranks),
+        lambda loader, seed: switch_loader(work, loader, cfg, run.hw, run.ranks, seed),
         directory,
         here=here,
         measured_here=found,
         state=state,
         out_dir=run.out,
     )
-    tuner.build()
+    tuner.build((saved or {}).get("step", 0))
     return tuner
+
+
+def _check_even_stream(run: Run, work: Workload) -> None:
+    """A stream switches loaders at its epoch ends, which every rank must reach at the same
+    step: the same number of samples on every rank."""
+    sizes = distributed.gather_all(length(work.dataset), run.ranks)
+    if None in sizes or len(set(sizes)) > 1:
+        raise ConfigError(
+            f"loader=autotune under torchrun switches a stream's loader at its epoch ends, which"
+            f" every rank must reach at the same step; the ranks' shares of"
+            f" {type(work.dataset).__qualname__} hold {sizes} samples. Tune with one process"
+            " (python train.py loader=autotune ...) and run the preset it writes under"
+            " torchrun, or give every rank the same number of samples"
+        )
 
 
 @contextlib.contextmanager

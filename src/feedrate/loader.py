@@ -119,10 +119,16 @@ def skipped_samples(loader: DataLoader) -> int:
 
 
 def build_loader(
-    dataset: Dataset, kwargs: dict, seed: int, stream: bool = False, ranks=None
+    dataset: Dataset,
+    kwargs: dict,
+    seed: int,
+    stream: bool = False,
+    ranks=None,
+    worker_seed: int | None = None,
 ) -> DataLoader:
     """A DataLoader over ``dataset`` with ``kwargs`` from :func:`loader_kwargs`; under torchrun
-    (``ranks``), over this rank's shard.
+    (``ranks``), over this rank's shard. ``seed`` orders the samples; ``worker_seed`` (``seed``
+    if None) seeds the workers' random augmentations.
 
     Refuses, before any worker starts, a dataset that its workers could not receive.
     """
@@ -141,7 +147,8 @@ def build_loader(
             workers,
             cores,
         )
-    generator = torch.Generator().manual_seed(seed)  # the loader's own: workers' base seeds
+    # the loader's own: workers' base seeds
+    generator = torch.Generator().manual_seed(seed if worker_seed is None else worker_seed)
     init = functools.partial(_init_worker, threads=threads) if workers > 0 else None
     if is_stream(dataset):  # it orders, shuffles and splits itself: no sampler, no shuffle
         kwargs.pop("shuffle", None)

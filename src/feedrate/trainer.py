@@ -276,6 +276,28 @@ def _uneven_inputs(model: nn.Module, streaming: bool) -> contextlib.AbstractCont
     return contextlib.nullcontext()
 
 
+class _CandidateFailed(Exception):
+    """loader=autotune: the candidate's loader failed; the next candidate goes on."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _candidate_batches(batches: Batches) -> Batches:
+    """``batches``, with a failure of the loader (a worker killed, a timeout, /dev/shm full)
+    raised as :class:`_CandidateFailed`; the training step's own errors are not caught."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as exc:  # noqa: BLE001 - whatever the loader raised, named below
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise _CandidateFailed(f"{type(exc).__name__}: {first}") from exc
+        yield batch
+
+
 def _resident(batches: Batches, meter: Meter) -> Batches:
     """``trainer.measure=compute``: the first batch, kept on the device and trained on again."""
     for batch in batches:
@@ -347,12 +369,13 @@ def train(
     where = _Where(resume.step, resume.epoch) if resume is not None else _Where(0, 0)
     bar = tqdm(total=total, initial=where.step, unit="step", desc="train", **_bar_style(cfg))
     tuning = tuner is not None and tuner.active
-    skipped = 0
+    skipped = drift_before = 0
+    began = time.perf_counter()
 
     def run_meter() -> Meter:
         main = cfg
         if tuner is not None and cfg.max_seconds is not None:  # the whole run's time
-            left = max(cfg.max_seconds - tuner.elapsed(), 0.0)
+            left = max(began + cfg.max_seconds - time.perf_counter(), 0.0)
             main = OmegaConf.merge(cfg, {"max_seconds": left})
         drift = (
             DriftGuard(cfg.drift_rise, cfg.drift_windows, preset_wait)
@@ -370,8 +393,7 @@ def train(
     if tuner is not None:
         tuner.start()
     meter = candidate_meter() if tuning else run_meter()
-    since = (where.step, time.perf_counter())  # the candidate's first step
-    began, trained = since[1], 0
+    since, trained = (where.step, began), 0  # the candidate's first step; samples trained
     scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
     if resume is not None and resume.scaler:
         scaler.load_state_dict(resume.scaler)
@@ -381,16 +403,32 @@ def train(
     streaming = is_stream(getattr(loader, "dataset", None))
     step_limit = cfg.max_steps if streaming else total
     stopped_at = None
+    # A candidate that fails (its workers die, the memory guard trips) is dropped and the
+    # next one goes on, in one process with map-style data; a stream cannot go on mid-epoch,
+    # and under torchrun the other ranks are already waiting in the next all-reduce.
+    recoverable = tuner is not None and not tuner.ranks.enabled and not streaming
 
-    def switch() -> None:
-        """The candidate's measurement is over: the next one's loader (or the choice's)."""
+    def switch(failure: str | None = None) -> None:
+        """The candidate's measurement is over (or it failed): the next one's loader, or the
+        choice's; a candidate that cannot be built is dropped too."""
         nonlocal loader, meter, tuning, skipped, since
         seconds = time.perf_counter() - since[1]
-        tuner.measured(meter.finish(), monitor, where.step - since[0], seconds)
+        finished = meter.finish()
+        if failure is None:
+            tuner.measured(finished, monitor, where.step - since[0], seconds)
+        else:
+            tuner.failed(failure, where.step - since[0], seconds)
         skipped += skipped_samples(loader)
         loader.end_workers()
-        tuning = tuner.advance()
-        loader = tuner.build()
+        while True:
+            tuning = tuner.advance()
+            try:
+                loader = tuner.build(where.step)
+                break
+            except ConfigError as exc:  # its batches in flight would not fit in /dev/shm
+                if not tuning or not recoverable:
+                    raise
+                tuner.failed(str(exc))
         meter = candidate_meter() if tuning else run_meter()
         meter.start(where.step)
         since = (where.step, time.perf_counter())
@@ -402,38 +440,48 @@ def train(
             resumed, resume = resume is not None, None  # only the first epoch resumes part-way
             if measure is Measure.compute:
                 batches = _resident(batches, meter)
-            switching = False
-            for x, y in batches:
-                loss = logits = None
-                if measure is not Measure.loader:
-                    inputs = normalise(x, inplace=measure is not Measure.compute)
-                    loss, logits = _step(model, optimizer, scaler, hw, inputs, y)
-                where.step += 1
-                trained += len(y)
-                done = meter.step_done(where.step, len(y), loss, logits, y)
-                bar.update(1)
-                if monitor.tripped:  # the memory guard: stop before the OOM killer does
-                    raise LoaderFailure(monitor.tripped)
-                if tuning:
-                    tuner.steps += 1
-                    tuner.samples += len(y) * tuner.ranks.world_size
-                    # a map-style epoch goes on in the next loader; a stream's at its end
-                    switching = not streaming and tuner.over(done)
-                    done = False  # the candidate's measurement, not the run, is over
-                if done or (step_limit is not None and where.step >= step_limit):
-                    stopped_at = where.position(scaler, loader, tuner)
-                    break
-                if switching:
-                    break
-                if checkpoints is not None:
-                    position = lambda: where.position(scaler, loader, tuner)  # noqa: E731
-                    _save_if_due(checkpoints, where.step, total, position, meter, bar)
-            if switching:
+            if tuning and recoverable:
+                batches = _candidate_batches(batches)
+            switching, failure = False, None
+            try:
+                for x, y in batches:
+                    loss = logits = None
+                    if measure is not Measure.loader:
+                        inputs = normalise(x, inplace=measure is not Measure.compute)
+                        loss, logits = _step(model, optimizer, scaler, hw, inputs, y)
+                    where.step += 1
+                    trained += len(y)
+                    done = meter.step_done(where.step, len(y), loss, logits, y)
+                    bar.update(1)
+                    if monitor.tripped and tuning and recoverable:
+                        failure, monitor.tripped = monitor.tripped, None
+                        break
+                    if monitor.tripped:  # the memory guard: stop before the OOM killer does
+                        raise LoaderFailure(monitor.tripped)
+                    if tuning:
+                        tuner.steps += 1
+                        tuner.samples += len(y) * tuner.ranks.world_size
+                        # a map-style epoch goes on in the next loader; a stream's at its end
+                        switching = not streaming and tuner.over(done)
+                        done = False  # the candidate's measurement, not the run, is over
+                    if done or (step_limit is not None and where.step >= step_limit):
+                        stopped_at = where.position(scaler, loader, tuner)
+                        break
+                    if checkpoints is not None:
+                        position = lambda: where.position(scaler, loader, tuner)  # noqa: E731
+                        _save_if_due(checkpoints, where.step, total, position, meter, bar)
+                    if switching:
+                        break
+            except _CandidateFailed as exc:
+                failure = exc.reason
+            if failure is not None or (switching and stopped_at is None):
                 batches.close()
-                # the next loader goes on with this epoch's shuffle, after what was trained
-                resume = where.position(scaler, loader)
-                switch()
-                continue
+                epoch_done = not streaming and where.samples >= len(loader) * loader.batch_size
+                if not epoch_done:  # the next loader goes on with this epoch's shuffle
+                    resume = where.position(scaler, loader)
+                switch(failure)
+                if not epoch_done:
+                    continue
             if stopped_at is None and where.batches == 0 and where.samples == 0 and not resumed:
                 raise _empty_epoch(loader, streaming)
             where.epoch += 1
@@ -446,13 +494,16 @@ def train(
                 else:  # the epoch's restart is no part of the candidate's rate
                     meter.checkpoint_paused(where.step)
             elif stopped_at is None and tuner is not None and tuner.drifted(meter):
-                tuner.retune(meter.finish())  # on_drift=retune: from this epoch's start
+                ended = meter.finish()  # on_drift=retune: from this epoch's start
+                drift_before += ended["drift_warnings"]
+                tuner.retune(ended)
                 tuning = True
                 meter = candidate_meter()
                 meter.start(where.step)
                 since = (where.step, time.perf_counter())
     bar.close()
     finished = meter.finish()
+    finished["drift_warnings"] += drift_before
     if tuning:  # the run ended before the tuning did: decided on what was measured
         tuner.measured(finished, monitor, where.step - since[0], time.perf_counter() - since[1])
         tuner.conclude()

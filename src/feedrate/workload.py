@@ -3,6 +3,7 @@ and loader, the normalisation on the device, and the held-out evaluation."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,6 +94,7 @@ class Workload:
     normalise: Callable[..., torch.Tensor]
     context: Context  # what a failure's diagnosis reads
     decode: Callable[[list], torch.Tensor] | None = None  # loader.decode=device: a batch's JPEGs
+    split_checked: bool = False  # a stream was checked to split its work between workers
 
 
 @dataclass
@@ -166,7 +168,8 @@ def build(cfg: DictConfig, hw: Hardware, ranks: Ranks, kept: Kept | None = None)
     args = _loader_args(cfg.loader, hw, ranks)
     if streaming:  # it shuffles itself, in a buffer
         del args["shuffle"]
-    if streaming and args["num_workers"] > 1:
+    checked = streaming and args["num_workers"] > 1
+    if checked:
         check_split_by_worker(train_set.dataset, args["multiprocessing_context"])
     size = length(dataset)
     log.info(
@@ -195,21 +198,38 @@ def build(cfg: DictConfig, hw: Hardware, ranks: Ranks, kept: Kept | None = None)
         normalise=make_input_transform(hw, sample.shape[0]),
         context=context,
         decode=decoder,
+        split_checked=checked,
     )
 
 
-def switch_loader(work: Workload, loader: DictConfig, cfg: DictConfig, hw: Hardware, ranks: Ranks):
+def switch_loader(
+    work: Workload, loader: DictConfig, cfg: DictConfig, hw: Hardware, ranks: Ranks, seed: int
+) -> DataLoader:
     """A new DataLoader over the same training set, from ``loader`` (this rank's settings:
-    its ``num_workers`` is not split again); the workload's from now on."""
-    args = loader_kwargs(loader, hw)
-    if is_stream(work.dataset):
-        del args["shuffle"]
-        if args["num_workers"] > 1 and work.context.num_workers <= 1:  # not checked yet
-            check_split_by_worker(work.train_set.dataset, args["multiprocessing_context"])
-    work.loader = build_loader(work.train_set, args, cfg.trainer.seed, cfg.trainer.stream, ranks)
-    work.loader_args = args
-    work.context.num_workers = args["num_workers"]
-    work.context.prefetch_factor = loader.prefetch_factor
+    its ``num_workers`` is not split again), its workers seeded with ``seed``; the workload's
+    from now on. Refused (ConfigError)
+    when its batches in flight cannot fit in /dev/shm. The lines every loader's build logs
+    (pinning off the GPU, workers past the cores) were said for the run's first one."""
+    quiet = logging.getLogger("feedrate.loader")
+    level, quiet.level = quiet.level, logging.WARNING
+    try:
+        args = loader_kwargs(loader, hw)
+        context = dataclasses.replace(
+            work.context, num_workers=args["num_workers"], prefetch_factor=loader.prefetch_factor
+        )
+        check_shm(context)
+        if is_stream(work.dataset):
+            del args["shuffle"]
+            if args["num_workers"] > 1 and not work.split_checked:
+                check_split_by_worker(work.train_set.dataset, args["multiprocessing_context"])
+                work.split_checked = True
+        seeds = {"seed": cfg.trainer.seed, "worker_seed": seed}  # the order stays the run's
+        work.loader = build_loader(
+            work.train_set, args, stream=cfg.trainer.stream, ranks=ranks, **seeds
+        )
+    finally:
+        quiet.level = level
+    work.loader_args, work.context = args, context
     return work.loader
 
 

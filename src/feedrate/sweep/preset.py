@@ -104,14 +104,15 @@ def check_plain_data(path: Path) -> None:
         )
 
 
-def check_writable(path: Path, overwrite: bool) -> None:
-    """Refuse, before a sweep starts, to replace a preset feedrate did not write."""
+def check_writable(path: Path, overwrite: bool, keys: str = "sweep") -> None:
+    """Refuse, before a sweep (or ``loader=autotune``: ``keys="trainer.autotune"``) starts,
+    to replace a preset feedrate did not write."""
     if not path.exists() or overwrite:
         return
     if not {MARKER, AUTOTUNE_MARKER} & set(path.read_text().splitlines()[:2]):
         raise ConfigError(
-            f"{path} exists and was not written by a feedrate sweep: it is kept. Choose another"
-            f" name (sweep.preset_name=...) or replace it with sweep.overwrite=true"
+            f"{path} exists and was not written by feedrate: it is kept. Choose another"
+            f" name ({keys}.preset_name=...) or replace it with {keys}.overwrite=true"
         )
 
 

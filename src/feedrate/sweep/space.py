@@ -172,7 +172,8 @@ def loader_search_space(cfg: DictConfig, trial: optuna.trial.Trial) -> None:
     context = trial.suggest_categorical("loader.multiprocessing_context", start_methods(cfg))
     if torch.cuda.is_available():
         trial.suggest_categorical("loader.pin_memory", [True, False])
-    if search_decode(cfg):
+    # decode placement is built into the workload: a trial's, not a running loader's
+    if cfg.sweep.get("search_decode", True) and search_decode(cfg):
         trial.suggest_categorical("loader.decode", ["cpu", "device"])
     if cfg.sweep.tune_batch_size:
         trial.suggest_categorical("loader.batch_size", list(cfg.sweep.batch_sizes))
