@@ -43,7 +43,7 @@ from feedrate.sweep.decide import (
     settled,
 )
 from feedrate.sweep.feasibility import Budget, FeasibilityGuard, Footprint, memory_budget, predict
-from feedrate.sweep.preset import MARKER, check_writable, preset_path, render
+from feedrate.sweep.preset import AUTOTUNE_MARKER, MARKER, check_writable, preset_path, render
 from feedrate.sweep.report import pareto_front
 from feedrate.sweep.report import rows as report_rows
 from feedrate.sweep.space import (
@@ -299,11 +299,15 @@ def test_hand_written_preset_is_protected(tmp_path):
     path = tmp_path / "loader" / "mine.yaml"
     path.parent.mkdir()
     path.write_text("num_workers: 3\n")
-    with pytest.raises(ConfigError, match="was not written by a feedrate sweep"):
+    with pytest.raises(ConfigError, match=r"was not written by feedrate.*sweep.preset_name"):
         check_writable(path, overwrite=False)
+    with pytest.raises(ConfigError, match=r"trainer.autotune.overwrite=true"):
+        check_writable(path, overwrite=False, keys="trainer.autotune")
     check_writable(path, overwrite=True)
     path.write_text(render({"num_workers": 5}, ["x"]))
     check_writable(path, overwrite=False)  # feedrate's own preset may be refreshed
+    path.write_text(render({"num_workers": 5}, ["x"], marker=AUTOTUNE_MARKER))
+    check_writable(path, overwrite=False)  # loader=autotune's too
 
 
 @pytest.mark.parametrize("name", ["../evil", "a/b", "", "x.yaml"])
@@ -1016,7 +1020,7 @@ def test_hand_written_preset_stops_the_sweep_before_any_trial(project, monkeypat
     before = (project / "conf" / "loader" / "recipe.yaml").read_text()
     proc, runner = _simulated(project, monkeypatch, capsys, "dataset=synthetic", name="recipe")
     assert proc.returncode == 2
-    assert "was not written by a feedrate sweep" in proc.out
+    assert "was not written by feedrate: it is kept" in proc.out
     assert runner.ran == []
     assert (project / "conf" / "loader" / "recipe.yaml").read_text() == before
     assert not list((project / "multirun" / "0").glob("[0-9]*")), "a trial ran"

@@ -305,7 +305,8 @@ def _fastest_here(found: list[_Candidate], fits: dict[str, str | None]) -> _Cand
 def measured_here(directory: Path, here: Here, has_cuda: bool) -> tuple[str, dict, dict] | None:
     """The fastest preset measured on this machine and workload that fits here, as (name,
     settings, measured_on); None if there is none (``loader=autotune`` then searches)."""
-    found = _candidates(directory, here, False)
+    # at this run's batch size (a preset's own is not applied: the run trains with its own)
+    found = _candidates(directory, here, True)
     memory_mb = _memory_here_mb()
     fits = {c.name: does_not_fit(c.settings, c.measured_on, has_cuda, memory_mb) for c in found}
     best = _fastest_here(found, fits)
