@@ -122,7 +122,16 @@ def verdicts(rows: list[dict]) -> dict:
     tuned_recipe = compare(rows, "tuned", "recipe", "whole_run")
     choice = compare(rows, "autotune", "tuned", "steady")
     tuning_s = [x["tuning_s"] for x in rows if x["name"] == "autotune" and x["ok"]]
+    # What the tuning phase cost: the seconds it would have taken the tuned preset (its
+    # steady rate that round) to train what the phase trained, against the phase's seconds
+    steady = {x["round"]: x["steady"] for x in rows if x["name"] == "tuned" and x["ok"]}
+    lost = [
+        x["tuning_s"] - x["tuning_samples"] / steady[x["round"]]
+        for x in rows
+        if x["name"] == "autotune" and x["ok"] and x["round"] in steady and x["tuning_s"]
+    ]
     return {
+        "lost_s": lost,
         "medians": {n: median(n, "whole_run") for n in CONTESTANTS},
         "autotune_vs_tuned": cost,
         "autotune_vs_recipe": versus_recipe,
@@ -142,6 +151,15 @@ def verdicts(rows: list[dict]) -> dict:
     }
 
 
+def projected(lost_s: list[float], seconds: float, minutes: float = 5.0) -> str:
+    """autotune / tuned for a run of ``minutes``, if the tuning phase loses what it lost here
+    (the phase's cost is fixed; the rest of the run trains at the choice's rate)."""
+    if not lost_s:
+        return "-"
+    lost = statistics.median(lost_s)
+    return f"{lost:.0f} s; {1 - lost / (60 * minutes):.2f} for a {minutes:.0f}-minute run"
+
+
 def table(results: dict, seconds: float) -> str:
     lines = [
         f"Runs of {seconds:.0f} s of training each (trainer.max_seconds), fresh processes;"
@@ -150,8 +168,8 @@ def table(results: dict, seconds: float) -> str:
         "",
         "| workload | autotune | tuned preset | recipe | autotune / tuned (>= 0.9) |"
         " autotune / recipe | tuned / recipe | tuning s (<= 60) | choice / tuned, steady"
-        " (>= 0.9) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " (>= 0.9) | lost to tuning (tuned-preset seconds) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for workload, res in results.items():
         v = res["verdicts"]
@@ -167,6 +185,7 @@ def table(results: dict, seconds: float) -> str:
             f" {m['recipe'] or 0:,.1f} | {text('autotune_vs_tuned')} {ok['cost']} |"
             f" {text('autotune_vs_recipe')} {ok['ahead_of_recipe']} | {text('tuned_vs_recipe')} |"
             f" {tuning} {ok['tuning_seconds']} | {text('choice_vs_tuned')} {ok['choice']} |"
+            f" {projected(v.get('lost_s') or [], seconds)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -208,7 +227,12 @@ def main() -> int:
     parser.add_argument("--skip-sweep", action="store_true", help="reuse conf/loader/bench_*")
     parser.add_argument("--extra", nargs="*", default=[], help="overrides for every run")
     parser.add_argument("--sweep-extra", nargs="*", default=[], help="overrides for the sweep")
+    parser.add_argument(
+        "--summarise", type=Path, default=None, metavar="OUT", help="only redo OUT's tables"
+    )
     args = parser.parse_args()
+    if args.summarise:
+        return summarise(args.summarise.resolve(), args)
     args.fresh, args.preset_name = False, None  # what loader_bench.run_sweep reads
 
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
@@ -224,9 +248,21 @@ def main() -> int:
             rows += [run_one(name, workload, r, out, args) for name in order]
         results[workload] = {"sweep_s": sweep_s, "rows": rows, "verdicts": verdicts(rows)}
         (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    text = table(results, args.seconds)
     command = "python benchmarks/autotune_bench.py " + " ".join(sys.argv[1:])
-    header = f"Command: `{command}`\nCommit: {git_commit()}\nMachine: {detect().short()}\n\n"
+    (out / "command.txt").write_text(f"{command}\ncommit {git_commit()}\n")
+    return summarise(out, args)
+
+
+def summarise(out: Path, args: argparse.Namespace) -> int:
+    """table.md and autotune.png from OUT/results.json (the verdicts computed again)."""
+    results = json.loads((out / "results.json").read_text())
+    for res in results.values():
+        res["verdicts"] = verdicts(res["rows"])
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    ran = (out / "command.txt").read_text().splitlines() if (out / "command.txt").exists() else []
+    command, commit = (ran + ["?", "commit ?"])[:2]
+    header = f"Command: `{command}`\n{commit.capitalize()}\nMachine: {detect().short()}\n\n"
+    text = table(results, args.seconds)
     (out / "table.md").write_text(header + text)
     plot(results, out / "autotune.png")
     print(text)
