@@ -303,3 +303,71 @@ def test_on_drift_retune_tunes_again_once_the_data_wait_rose(tmp_path, caplog):
     assert earlier and earlier[0]["chosen"] is not None
     assert metrics["autotune"]["candidates"][0]["name"] == "current"
     assert metrics["autotune"]["candidates"][0]["params"] == earlier[0]["chosen"]["params"]
+
+
+class _Planned:
+    """A tuner driven with made-up figures: the plan alone, no loader built."""
+
+    def __init__(self, compose, *overrides: str) -> None:
+        from feedrate import distributed
+        from feedrate.autotune import Tuner
+
+        cfg = compose("loader=autotune", "trainer.autotune.write_preset=false", *overrides)
+        self.tuner = Tuner(cfg, distributed.Ranks(), lambda loader, seed: None, None)
+
+    def measure(self, rate_of, seconds: float = 2.0) -> None:
+        """The current candidate measured (``rate_of(workers)`` samples/s, or no window
+        when None), ``seconds`` of the budget spent on it."""
+        from feedrate.meter import StepTimes
+
+        rate = rate_of(self.tuner.candidate.workers)
+        times = StepTimes(samples=int(rate or 0), elapsed_s=1.0 if rate else 0.0)
+        self.tuner.spent += seconds
+        self.tuner.measured({"times": times, "abandoned": None}, None, 10, seconds)
+
+    def workers_tried(self, rate_of, count: int) -> list[int]:
+        self.tuner.start()
+        for _ in range(count):
+            self.measure(rate_of)
+            if not self.tuner.advance():
+                break
+        return [c.workers for c in self.tuner.candidates]
+
+
+def test_the_search_climbs_past_its_top_seed_while_more_workers_are_faster(compose):
+    """Reads that stall scale past the top seed: twice its workers are tried next, and so on
+    up to the search's bound (64 on 2 cores); data that peaks early is not climbed."""
+    cores = int(usable_cores())
+    seeds = sorted({min(64, k * cores) for k in (1, 4, 16)})
+    budget = ["trainer.autotune.budget_s=600", "trainer.autotune.max_workers=64"]
+    planned = _Planned(compose, "loader.num_workers=0", "loader.prefetch_factor=null", *budget)
+    tried = planned.workers_tried(lambda w: 100.0 * (1 + w), 1 + len(seeds) + 2)
+    climb = [w for w in (2 * seeds[-1], 4 * seeds[-1]) if w <= 64] or [64]
+    assert tried[: 1 + len(seeds) + len(climb)] == [0, *seeds, *climb[:1], *climb[1:]]
+    peaked = _Planned(compose, "loader.num_workers=0", "loader.prefetch_factor=null", *budget)
+    tried = peaked.workers_tried(lambda w: 1000.0 - abs(w - seeds[0]), 1 + len(seeds))
+    assert tried[: 1 + len(seeds)] == [0, *seeds]
+    assert len(tried) == len(seeds) + 2 and tried[-1] != 2 * seeds[-1]  # Optuna's suggestion
+
+
+def test_the_budget_ends_a_measurement_and_starts_no_candidate_that_cannot_fit(compose):
+    planned = _Planned(
+        compose,
+        "loader.num_workers=0",
+        "loader.prefetch_factor=null",
+        "trainer.autotune.budget_s=10",
+        "trainer.autotune.max_workers=64",
+    )
+    tuner = planned.tuner
+    tuner.start()
+    planned.measure(lambda w: 195.0, seconds=4.0)
+    assert tuner.advance() and tuner.candidate.workers > 0  # the first seed: 6 s left
+    assert not tuner.over(False)
+    planned.measure(lambda w: 200.0, seconds=4.0)
+    # 2 s left, a measurement takes 4: no seed starts; the two (within 10%) are re-measured
+    assert tuner.advance() and tuner.phase == "final"
+    tuner.spent += 2.0
+    assert tuner.over(False)  # the budget is spent: the measurement ends now
+    planned.measure(lambda w: None, seconds=0.0)  # cut during its start-up: no window
+    assert tuner.candidate.failed.startswith("cut: the tuning budget ran out")
+    assert not tuner.advance() and tuner.chosen.search == 200.0

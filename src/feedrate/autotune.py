@@ -251,6 +251,7 @@ class Tuner:
         self.history: list[dict] = []  # the phases before, when the run tuned again
         self._clock_start: float | None = None
         self._clock_end: float | None = None
+        self._budget_cut = False  # the current measurement ended at the budget
         self._study = None
         self._space_cfg = self._search_config()
         self.finalists: list[int] = []
@@ -326,7 +327,10 @@ class Tuner:
         )
 
     def over(self, done: bool) -> bool:
-        """Rank 0's ``done`` (its meter's measurement is over), on every rank."""
+        """Rank 0's ``done`` (its meter's measurement is over, or the budget is spent), on
+        every rank."""
+        if self.ranks.is_main and not done and self.phase != "confirm":
+            done = self._budget_cut = self.elapsed() >= self.budget
         return distributed.flag(done, self.ranks)
 
     def measured(self, finished: dict, monitor: Any, steps: int, seconds: float) -> None:
@@ -336,10 +340,15 @@ class Tuner:
         c = self.candidate
         c.steps += steps
         c.seconds += seconds
+        cut, self._budget_cut = self._budget_cut, False
         if finished.get("abandoned") and rate is not None:
             c.failed = finished["abandoned"]  # clearly slower: not a finalist
-        if rate is None:
+        if rate is None and cut:
+            c.failed = c.failed or "cut: the tuning budget ran out before its first window"
+        elif rate is None:
             c.failed = c.failed or "nothing measured (the run's steps ran out first)"
+        elif cut and self.phase == "final":
+            pass  # a round cut short pairs nothing
         else:
             rate *= self.ranks.world_size
             if self.phase == "final":
@@ -493,7 +502,8 @@ class Tuner:
         if self.phase == "search":
             per = self._seconds_per_measurement()
             finals_cost = per * self.at.rounds * max(1, self.at.finalists)
-            seeds_left = self._seeds_pending()
+            self._climb()
+            seeds_left = self._seeds_pending() and left >= per  # a measurement fits
             if seeds_left or (self.elapsed() < SEARCH_SHARE * self.budget and left > finals_cost):
                 found = self._ask()
                 if found is not None:
@@ -506,6 +516,23 @@ class Tuner:
     def _seconds_per_measurement(self) -> float:
         spent = [c.seconds for c in self.candidates if c.seconds > 0]
         return statistics.median(spent) if spent else self.at.window_s * 3
+
+    def _climb(self) -> None:
+        """Latency-bound data scales past the top seed (reads that stall: 51 workers beat
+        32): while the fastest setting measured has the most workers tried yet, the next
+        one tried is that setting with twice the workers, up to the search's bound."""
+        measured = [c for c in self.candidates if c.search is not None and not c.failed]
+        if not measured or self._seeds_pending():
+            return
+        best = max(measured, key=lambda c: c.search)
+        bound = int(self._space_cfg.sweep.max_workers)
+        if best.workers == 0 or best.workers >= bound:
+            return
+        if best.workers < max(c.workers for c in self.candidates):  # failed ones count
+            return
+        params = {**best.params, "loader.num_workers": min(2 * best.workers, bound)}
+        if not any(self._same(c.params, params) for c in self.candidates):
+            self._study.enqueue_trial(params)
 
     def _seeds_pending(self) -> bool:
         study = self._open_study()
