@@ -78,6 +78,18 @@ def _seeds(machine_max: int, ranks: int = 1) -> set[int]:
     return {min(per_rank, max(1, k * cores // ranks)) for k in (1, 4, 16)}
 
 
+def _epoch_steps(directory, rank: int = 0, per_epoch: int = N) -> list[int]:
+    """The steps of each epoch, from the batches the model recorded."""
+    lines = [len(line.split()) for line in (directory / f"rank{rank}.txt").read_text().splitlines()]
+    steps, seen, count = [], 0, 0
+    for size in lines:
+        seen, count = seen + size, count + 1
+        if seen % per_epoch == 0:
+            steps.append(count)
+            count = 0
+    return steps
+
+
 def _switch_steps(metrics: dict) -> list[int]:
     """The steps at which the run switched loaders."""
     steps = [c["steps"] for c in metrics["autotune"]["candidates"]]
@@ -103,9 +115,25 @@ def test_map_style_switches_mid_epoch_and_trains_every_sample_once_in_order(tmp_
     assert any(step % (N // BATCH) for step in _switch_steps(metrics)), "none mid-epoch"
 
 
-def test_a_stream_switches_at_its_epoch_ends_and_trains_every_sample_once(tmp_path, monkeypatch):
+def test_a_stream_switches_mid_epoch_and_trains_every_sample_once(tmp_path, monkeypatch):
+    """A resumable stream is read as fixed shares: 0, 2 and 8 workers go on from the shares'
+    positions inside each epoch."""
+    monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
+    overrides = _counting("stream", "loader=autotune", "trainer.epochs=3")
+    cfg = feedrate.compose([*overrides, *QUICK], config_dir=CONF)
+    metrics = feedrate.run(cfg, output_dir=tmp_path / "run")
+    epochs = _epochs(recorded(tmp_path), N)
+    assert [sorted(e) for e in epochs] == [list(range(N))] * 3
+    assert {0} | _seeds(8) <= _workers_trained(metrics)
+    # (a worker's last batch of a pass may be short: more steps than N // BATCH an epoch)
+    epoch_ends = list(itertools.accumulate(_epoch_steps(tmp_path)))
+    assert set(_switch_steps(metrics)) - set(epoch_ends), "none mid-epoch"
+
+
+def test_a_stream_without_a_position_switches_at_its_epoch_ends(tmp_path, monkeypatch):
     monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
     overrides = _counting("stream", "loader=autotune", "trainer.epochs=4")
+    overrides[1] = "dataset._target_=tests.counting.PositionlessStream"
     cfg = feedrate.compose([*overrides, *QUICK], config_dir=CONF)
     metrics = feedrate.run(cfg, output_dir=tmp_path / "run")
     epochs = _epochs(recorded(tmp_path), N)
@@ -117,7 +145,7 @@ def test_a_stream_switches_at_its_epoch_ends_and_trains_every_sample_once(tmp_pa
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["map", "stream"])
 def test_two_ranks_switch_at_the_same_step_and_train_every_sample_once(tmp_path, kind):
-    epochs = {"map": 3, "stream": 4}[kind]  # a stream switches at epoch ends only
+    epochs = 3
     overrides = _counting(kind, "loader=autotune", f"trainer.epochs={epochs}")
     proc = run_torchrun(
         2,
@@ -134,6 +162,8 @@ def test_two_ranks_switch_at_the_same_step_and_train_every_sample_once(tmp_path,
         assert sorted(per_rank[0][e] + per_rank[1][e]) == list(range(N))
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert {0} | _seeds(16, ranks=2) <= _workers_trained(metrics)
+    epoch_ends = list(itertools.accumulate(_epoch_steps(tmp_path, per_epoch=N // 2)))
+    assert set(_switch_steps(metrics)) - set(epoch_ends), "none mid-epoch"
 
 
 def test_a_candidate_that_fails_is_dropped_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
@@ -168,12 +198,13 @@ def _interrupt_after(directory, batches: int) -> threading.Thread:
     return thread
 
 
-def test_a_run_stopped_while_tuning_resumes_into_the_tuning(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("kind", ["map", "stream"])
+def test_a_run_stopped_while_tuning_resumes_into_the_tuning(tmp_path, monkeypatch, caplog, kind):
     """Ctrl-C mid-search saves the tuning with the checkpoint; the resumed run goes on tuning
-    from there, and together the two runs train each sample once an epoch, in order."""
+    from there, and together the two runs train each sample once an epoch."""
     monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
     run = tmp_path / "run"
-    overrides = [*_counting("map", "loader=autotune", "trainer.epochs=2"), *QUICK]
+    overrides = [*_counting(kind, "loader=autotune", "trainer.epochs=2"), *QUICK]
     cfg = feedrate.compose(overrides, config_dir=CONF)
     _interrupt_after(tmp_path, 70)
     with pytest.raises(feedrate.errors.Interrupted, match="interrupted"):
@@ -261,6 +292,10 @@ def test_the_preset_it_writes_is_checked_not_searched_by_the_next_run(
         (["trainer.stream=true"], "trainer.stream=true repeats the data without epochs"),
         (["trainer.autotune.budget_s=-1"], "trainer.autotune.budget_s=-1.0 must be positive"),
         (["trainer.autotune.window_s=0"], "trainer.autotune.window_s=0.0 must be positive"),
+        (
+            ["trainer.autotune.write_preset=true", "trainer.autotune.preset_name=../x"],
+            "trainer.autotune.preset_name='../x' is not a valid preset name",
+        ),
     ],
 )
 def test_settings_it_cannot_tune_under_are_refused_before_training(
@@ -371,3 +406,30 @@ def test_the_budget_ends_a_measurement_and_starts_no_candidate_that_cannot_fit(c
     planned.measure(lambda w: None, seconds=0.0)  # cut during its start-up: no window
     assert tuner.candidate.failed.startswith("cut: the tuning budget ran out")
     assert not tuner.advance() and tuner.chosen.search == 200.0
+
+
+def test_shares_say_where_they_stand_and_go_on_from_there():
+    """A stream read as shares: its state is each share's place; a copy loaded with it reads
+    exactly the rest, and says the loaded place until it reads (a stream may not before)."""
+    from feedrate.stream import Shares
+
+    from .counting import IndexedStream
+
+    def index(sample) -> int:
+        return int(sample[0][0, 0, 0])
+
+    shares = Shares(IndexedStream(n=40), parts=4)
+    shares.set_epoch(0)
+    samples = iter(shares)
+    first = [index(next(samples)) for _ in range(10)]
+    assert first[:4] == [0, 1, 2, 3]  # a sample from each share in turn
+    state = shares.state_dict()["shares"]
+    assert state == {p: {"epoch": 0, "read": 3 if p < 2 else 2} for p in range(4)}
+    again = Shares(IndexedStream(n=40), parts=4)
+    again.set_epoch(0)
+    again.go_on(state, epoch=0)
+    samples = iter(again)
+    assert again.state_dict()["shares"] == state
+    assert sorted(first + [index(s) for s in samples]) == list(range(40))
+    again.set_epoch(1)  # a new epoch: from its start
+    assert sorted(index(s) for s in again) == list(range(40))

@@ -5,7 +5,9 @@ The run trains from its first step. During the tuning phase (``trainer.autotune.
 each candidate setting is a new DataLoader that goes on where the one before stopped in the
 epoch: the resumable sampler starts its pass after the samples already trained, with the
 epoch's shuffle, so no sample is skipped and none is trained twice, and every step is a real
-training step. A stream switches at its epoch ends (its position is its workers' own).
+training step. A resumable stream is read as fixed shares (:class:`feedrate.stream.Shares`),
+which any worker count goes on from mid-epoch; a stream without a state switches at its
+epoch ends.
 
 The candidates and the decision follow the sweep's rules: first the run's own loader (what it
 would have trained with), then seeds that differ in the worker count alone, then Optuna's
@@ -227,13 +229,15 @@ class Tuner:
             from feedrate.sweep.preset import check_writable, preset_path
 
             try:  # refused before training, on every rank
-                self.preset_path = preset_path(preset_dir.parent, self._preset_name())
+                self.preset_path = preset_path(
+                    preset_dir.parent, self._preset_name(), "trainer.autotune"
+                )
                 check_writable(self.preset_path, self.at.overwrite, "trainer.autotune")
             except ConfigError as exc:
                 problem = str(exc)
         problem = distributed.broadcast(problem, ranks)
         if problem:
-            raise ConfigError(problem.replace("sweep.preset_name", "trainer.autotune.preset_name"))
+            raise ConfigError(problem)
         self.candidates: list[Candidate] = []
         self.phase = "search"
         self.round = 0
@@ -295,6 +299,11 @@ class Tuner:
                 self.budget - self.spent,
                 self.candidate.describe(),
             )
+
+    @property
+    def workers_bound(self) -> int:
+        """The most workers a candidate of this rank may have."""
+        return int(self._space_cfg.sweep.max_workers)
 
     def loader_cfg(self, candidate: Candidate | None = None) -> DictConfig:
         return loader_config(self.base_loader, (candidate or self.candidate).params)
@@ -525,7 +534,7 @@ class Tuner:
         if not measured or self._seeds_pending():
             return
         best = max(measured, key=lambda c: c.search)
-        bound = int(self._space_cfg.sweep.max_workers)
+        bound = self.workers_bound
         if best.workers == 0 or best.workers >= bound:
             return
         if best.workers < max(c.workers for c in self.candidates):  # failed ones count

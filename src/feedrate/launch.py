@@ -40,7 +40,7 @@ from feedrate.files import atomic_write_text
 from feedrate.loader import skipped_samples
 from feedrate.metrics import finite, format_summary, summarise
 from feedrate.monitor import ResourceMonitor
-from feedrate.stream import is_resumable, is_stream, length
+from feedrate.stream import Shares, is_resumable, is_stream, length
 from feedrate.sweep.trial import primary_config_dir
 from feedrate.trainer import Checkpoints, TrainResult, planned_steps, train
 from feedrate.workload import Kept, Workload, build, evaluate_held_out, switch_loader
@@ -152,18 +152,22 @@ def _tuner(run: Run, work: Workload, saved: dict | None) -> Tuner:
         state=state,
         out_dir=run.out,
     )
+    if is_resumable(work.train_set):  # any worker count goes on from its position mid-epoch
+        work.train_set = Shares(work.train_set, tuner.workers_bound)
     tuner.build((saved or {}).get("step", 0))
     return tuner
 
 
 def _check_even_stream(run: Run, work: Workload) -> None:
-    """A stream switches loaders at its epoch ends, which every rank must reach at the same
-    step: the same number of samples on every rank."""
+    """Every rank asks rank 0 at every tuning step whether to switch, so every rank must
+    reach its stream's epoch end at the same step: the same number of samples on every
+    rank."""
     sizes = distributed.gather_all(length(work.dataset), run.ranks)
     if None in sizes or len(set(sizes)) > 1:
         raise ConfigError(
-            f"loader=autotune under torchrun switches a stream's loader at its epoch ends, which"
-            f" every rank must reach at the same step; the ranks' shares of"
+            f"loader=autotune under torchrun switches every rank's loader at the same step, and"
+            f" needs every rank to reach its stream's epoch end at the same step; the ranks'"
+            f" shares of"
             f" {type(work.dataset).__qualname__} hold {sizes} samples. Tune with one process"
             " (python train.py loader=autotune ...) and run the preset it writes under"
             " torchrun, or give every rank the same number of samples"

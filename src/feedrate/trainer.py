@@ -26,7 +26,7 @@ from feedrate.hardware import Hardware
 from feedrate.loader import loader_state, produced_samples, skipped_samples
 from feedrate.meter import Meter, StepTimes
 from feedrate.monitor import ResourceMonitor
-from feedrate.stream import is_stream, nothing_here
+from feedrate.stream import Shares, is_stream, nothing_here, share_states
 
 if TYPE_CHECKING:
     from feedrate.autotune import Tuner
@@ -227,9 +227,11 @@ def _epoch_batches(
     sampler = getattr(loader, "sampler", None)
     shuffling = getattr(sampler, "generator", None)
     where.samples = where.batches = 0
+    if resume is not None:
+        where.samples = resume.epoch_samples
     if resume is not None and resume.epoch_generator is not None:
         shuffling.set_state(resume.epoch_generator)
-        sampler.skip = where.samples = resume.epoch_samples
+        sampler.skip = resume.epoch_samples
     order = getattr(sampler, "order", None)
     if hasattr(order, "set_epoch"):  # a DistributedSampler: this epoch's shuffle
         order.set_epoch(where.epoch)
@@ -401,6 +403,8 @@ def train(
     meter.start(where.step)
     # A stream's epochs end when it runs out, not at its length's estimate
     streaming = is_stream(getattr(loader, "dataset", None))
+    # a stream read as shares goes on mid-epoch in the next loader, as map-style data does
+    shared = isinstance(getattr(loader, "dataset", None), Shares)
     step_limit = cfg.max_steps if streaming else total
     stopped_at = None
     # A candidate that fails (its workers die, the memory guard trips) is dropped and the
@@ -461,8 +465,9 @@ def train(
                     if tuning:
                         tuner.steps += 1
                         tuner.samples += len(y) * tuner.ranks.world_size
-                        # a map-style epoch goes on in the next loader; a stream's at its end
-                        switching = not streaming and tuner.over(done)
+                        # a map-style epoch (or shares) goes on in the next loader; a
+                        # stream's at its end
+                        switching = (shared or not streaming) and tuner.over(done)
                         done = False  # the candidate's measurement, not the run, is over
                     if done or (step_limit is not None and where.step >= step_limit):
                         stopped_at = where.position(scaler, loader, tuner)
@@ -475,11 +480,14 @@ def train(
             except _CandidateFailed as exc:
                 failure = exc.reason
             if failure is not None or (switching and stopped_at is None):
+                states = share_states(loader) if shared else None  # before its workers end
                 batches.close()
                 epoch_done = not streaming and where.samples >= len(loader) * loader.batch_size
                 if not epoch_done:  # the next loader goes on with this epoch's shuffle
                     resume = where.position(scaler, loader)
                 switch(failure)
+                if states is not None:  # ... or from the shares' positions
+                    loader.dataset.go_on(states, where.epoch)
                 if not epoch_done:
                     continue
             if stopped_at is None and where.batches == 0 and where.samples == 0 and not resumed:

@@ -33,12 +33,13 @@ PRESET_KEYS = (
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
-def preset_path(conf_dir: str | Path, name: str) -> Path:
-    """``conf/loader/<name>.yaml``, refusing names that would leave that directory."""
+def preset_path(conf_dir: str | Path, name: str, keys: str = "sweep") -> Path:
+    """``conf/loader/<name>.yaml``, refusing names that would leave that directory (named
+    as ``<keys>.preset_name``)."""
     if not _NAME.match(name) or name.endswith(".yaml"):
         raise ConfigError(
-            f"sweep.preset_name={name!r} is not a valid preset name; use letters, digits, '_',"
-            " '-' and '.', e.g. sweep.preset_name=tuned_8core_nvme"
+            f"{keys}.preset_name={name!r} is not a valid preset name; use letters, digits, '_',"
+            f" '-' and '.', e.g. {keys}.preset_name=tuned_8core_nvme"
         )
     return Path(conf_dir) / "loader" / f"{name}.yaml"
 
