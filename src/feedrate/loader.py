@@ -184,7 +184,7 @@ def build_loader(
 class _Loader(DataLoader):
     """A DataLoader whose workers are born deaf to Ctrl-C: SIGINT is ignored while it starts
     them, so a ``spawn`` worker still importing torch is not killed by a terminal's Ctrl-C
-    (docs/design.md, "Ctrl-C and the workers")."""
+    (docs/troubleshooting.md, "Ctrl-C and the workers")."""
 
     _latest: weakref.ref | None = None  # the latest iteration, while it lives
 
