@@ -9,6 +9,7 @@ for one channel). The model writes the indices of each training batch to
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -85,6 +86,24 @@ class PositionlessStream(IndexedStream):
     """The same stream, without a state to go on from."""
 
     state_dict = load_state_dict = None
+
+
+class LockedStream(IndexedStream):
+    """The same stream, holding a lock: fine for forked workers, and it cannot be copied."""
+
+    def __init__(self, n: int = 512, latency_ms: float = 0.0) -> None:
+        super().__init__(n, latency_ms)
+        self.lock = threading.Lock()
+
+
+class UnsplitStream(IndexedStream):
+    """The same stream, read whole by every worker: it does not split its work."""
+
+    splits_by_worker = False
+
+    def _share(self) -> tuple[int, int]:
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        return rank, world
 
 
 class Recorder(nn.Module):

@@ -130,10 +130,13 @@ def test_a_stream_switches_mid_epoch_and_trains_every_sample_once(tmp_path, monk
     assert set(_switch_steps(metrics)) - set(epoch_ends), "none mid-epoch"
 
 
-def test_a_stream_without_a_position_switches_at_its_epoch_ends(tmp_path, monkeypatch):
+@pytest.mark.parametrize("stream", ["PositionlessStream", "LockedStream"])
+def test_a_stream_without_a_position_or_a_copy_switches_at_its_epoch_ends(
+    tmp_path, monkeypatch, stream
+):
     monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
     overrides = _counting("stream", "loader=autotune", "trainer.epochs=4")
-    overrides[1] = "dataset._target_=tests.counting.PositionlessStream"
+    overrides[1] = f"dataset._target_=tests.counting.{stream}"
     cfg = feedrate.compose([*overrides, *QUICK], config_dir=CONF)
     metrics = feedrate.run(cfg, output_dir=tmp_path / "run")
     epochs = _epochs(recorded(tmp_path), N)
@@ -360,10 +363,10 @@ class _Planned:
         self.tuner.spent += seconds
         self.tuner.measured({"times": times, "abandoned": None}, None, 10, seconds)
 
-    def workers_tried(self, rate_of, count: int) -> list[int]:
+    def workers_tried(self, rate_of, count: int, seconds: float = 2.0) -> list[int]:
         self.tuner.start()
         for _ in range(count):
-            self.measure(rate_of)
+            self.measure(rate_of, seconds)
             if not self.tuner.advance():
                 break
         return [c.workers for c in self.tuner.candidates]
@@ -383,29 +386,55 @@ def test_the_search_climbs_past_its_top_seed_while_more_workers_are_faster(compo
     tried = peaked.workers_tried(lambda w: 1000.0 - abs(w - seeds[0]), 1 + len(seeds))
     assert tried[: 1 + len(seeds)] == [0, *seeds]
     assert len(tried) == len(seeds) + 2 and tried[-1] != 2 * seeds[-1]  # Optuna's suggestion
+    # from the run's own loader, whose thread counts are unset (not values the search takes)
+    wide = _Planned(compose, "loader.num_workers=48", *budget)
+    tried = wide.workers_tried(lambda w: 100.0 * (1 + w), 1 + len(seeds) + 1)
+    assert tried[: 2 + len(seeds)] == [48, *seeds, 64]
 
 
 def test_the_budget_ends_a_measurement_and_starts_no_candidate_that_cannot_fit(compose):
-    planned = _Planned(
-        compose,
-        "loader.num_workers=0",
-        "loader.prefetch_factor=null",
-        "trainer.autotune.budget_s=10",
-        "trainer.autotune.max_workers=64",
-    )
-    tuner = planned.tuner
+    def planned(budget: int) -> _Planned:
+        return _Planned(
+            compose,
+            "loader.num_workers=0",
+            "loader.prefetch_factor=null",
+            f"trainer.autotune.budget_s={budget}",
+            "trainer.autotune.max_workers=64",
+        )
+
+    cut = planned(10)
+    tuner = cut.tuner
     tuner.start()
-    planned.measure(lambda w: 195.0, seconds=4.0)
-    assert tuner.advance() and tuner.candidate.workers > 0  # the first seed: 6 s left
+    cut.measure(lambda w: 195.0, seconds=4.0)
+    assert tuner.advance() and tuner.candidate.workers > 0  # a seed: 6 s left, 4 needed
     assert not tuner.over(False)
-    planned.measure(lambda w: 200.0, seconds=4.0)
-    # 2 s left, a measurement takes 4: no seed starts; the two (within 10%) are re-measured
-    assert tuner.advance() and tuner.phase == "final"
-    tuner.spent += 2.0
+    tuner.spent += 7.0
     assert tuner.over(False)  # the budget is spent: the measurement ends now
-    planned.measure(lambda w: None, seconds=0.0)  # cut during its start-up: no window
+    cut.measure(lambda w: None, seconds=0.0)  # cut in its start-up: no window
     assert tuner.candidate.failed.startswith("cut: the tuning budget ran out")
-    assert not tuner.advance() and tuner.chosen.search == 200.0
+    assert not tuner.advance() and tuner.chosen.name == "start"
+    assert not tuner.over(False)  # after the phase, the budget ends nothing (the drift check)
+
+    short = planned(10)
+    short.tuner.start()
+    short.measure(lambda w: 195.0, seconds=4.0)
+    assert short.tuner.advance()
+    short.measure(lambda w: 200.0, seconds=4.0)
+    # 2 s left, a measurement takes 4: neither the next seed nor a final round starts
+    assert not short.tuner.advance() and len(short.tuner.candidates) == 2
+    assert short.tuner.chosen.search == 200.0
+
+    final = planned(30)
+    tried = final.workers_tried(lambda w: 200.0 - w, 4, seconds=4.0)  # start, 3 seeds: 16 s
+    assert final.tuner.phase == "final" and len(final.tuner.finalists) == 2
+    final.measure(lambda w: 200.0 - w, seconds=4.0)  # round 1, the first finalist
+    assert final.tuner.advance()
+    second = final.tuner.candidate
+    final.tuner.spent += 30.0
+    assert final.tuner.over(False)
+    final.measure(lambda w: None, seconds=0.0)  # the second finalist's round, cut
+    assert not second.failed and not second.rounds  # measured before: still a finalist
+    assert not final.tuner.advance() and tried[:2] == [0, 2]
 
 
 def test_shares_say_where_they_stand_and_go_on_from_there():
@@ -433,3 +462,21 @@ def test_shares_say_where_they_stand_and_go_on_from_there():
     assert sorted(first + [index(s) for s in samples]) == list(range(40))
     again.set_epoch(1)  # a new epoch: from its start
     assert sorted(index(s) for s in again) == list(range(40))
+    # a persistent worker's next pass: its shares start the epoch again, and say nothing
+    # read until they read (not the end of the pass before)
+    samples = iter(again)
+    assert again.state_dict()["shares"] == {}
+    assert sorted(index(s) for s in samples) == list(range(40))
+    with pytest.raises(feedrate.errors.DatasetError, match="saved in 4 shares.* reads it in 8"):
+        Shares(IndexedStream(n=40), parts=8).load_state_dict(again.state_dict())
+
+
+def test_a_stream_that_does_not_split_by_worker_is_refused_even_without_workers(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
+    overrides = _counting("stream", "loader=autotune", "trainer.epochs=1", *QUICK)
+    overrides[1] = "dataset._target_=tests.counting.UnsplitStream"
+    cfg = feedrate.compose(overrides, config_dir=CONF)
+    with pytest.raises(feedrate.errors.DatasetError, match="loader=autotune tries several worker"):
+        feedrate.run(cfg, output_dir=tmp_path)

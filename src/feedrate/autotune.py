@@ -256,6 +256,7 @@ class Tuner:
         self._clock_start: float | None = None
         self._clock_end: float | None = None
         self._budget_cut = False  # the current measurement ended at the budget
+        self._shares: int | None = None
         self._study = None
         self._space_cfg = self._search_config()
         self.finalists: list[int] = []
@@ -302,8 +303,17 @@ class Tuner:
 
     @property
     def workers_bound(self) -> int:
-        """The most workers a candidate of this rank may have."""
+        """The most workers a candidate of this rank may have (the search's bound)."""
         return int(self._space_cfg.sweep.max_workers)
+
+    @property
+    def shares(self) -> int:
+        """The shares a resumable stream is read as (:class:`feedrate.stream.Shares`): as many
+        as the most workers a candidate may have, so that none sits idle; a checkpoint's, when
+        the run resumed (its stream's position is in that many shares)."""
+        if self._shares is None:
+            self._shares = max(self.workers_bound, *(c.workers for c in self.candidates))
+        return self._shares
 
     def loader_cfg(self, candidate: Candidate | None = None) -> DictConfig:
         return loader_config(self.base_loader, (candidate or self.candidate).params)
@@ -338,7 +348,7 @@ class Tuner:
     def over(self, done: bool) -> bool:
         """Rank 0's ``done`` (its meter's measurement is over, or the budget is spent), on
         every rank."""
-        if self.ranks.is_main and not done and self.phase != "confirm":
+        if self.ranks.is_main and not done and self.phase in ("search", "final"):
             done = self._budget_cut = self.elapsed() >= self.budget
         return distributed.flag(done, self.ranks)
 
@@ -352,7 +362,9 @@ class Tuner:
         cut, self._budget_cut = self._budget_cut, False
         if finished.get("abandoned") and rate is not None:
             c.failed = finished["abandoned"]  # clearly slower: not a finalist
-        if rate is None and cut:
+        if rate is None and cut and c.figures:
+            pass  # measured before; a round cut short pairs nothing
+        elif rate is None and cut:
             c.failed = c.failed or "cut: the tuning budget ran out before its first window"
         elif rate is None:
             c.failed = c.failed or "nothing measured (the run's steps ran out first)"
@@ -512,8 +524,10 @@ class Tuner:
             per = self._seconds_per_measurement()
             finals_cost = per * self.at.rounds * max(1, self.at.finalists)
             self._climb()
-            seeds_left = self._seeds_pending() and left >= per  # a measurement fits
-            if seeds_left or (self.elapsed() < SEARCH_SHARE * self.budget and left > finals_cost):
+            searching = self._seeds_pending() or (
+                self.elapsed() < SEARCH_SHARE * self.budget and left > finals_cost
+            )
+            if searching and left >= per:  # a measurement still fits
                 found = self._ask()
                 if found is not None:
                     return found
@@ -541,7 +555,24 @@ class Tuner:
             return
         params = {**best.params, "loader.num_workers": min(2 * best.workers, bound)}
         if not any(self._same(c.params, params) for c in self.candidates):
-            self._study.enqueue_trial(params)
+            self._study.enqueue_trial(self._in_space(params))
+
+    def _in_space(self, params: dict) -> dict:
+        """``params`` a trial of the search can take: its keys, within its ranges (a setting
+        the run started with may leave a key unset, or hold a value it does not search)."""
+        space = {}
+        for trial in self._study.get_trials(deepcopy=False):
+            space.update(trial.distributions)
+        kept = {}
+        for key, value in params.items():
+            if key not in space or value is None:
+                continue
+            try:
+                if space[key]._contains(space[key].to_internal_repr(value)):
+                    kept[key] = value
+            except (ValueError, TypeError):
+                pass
+        return kept
 
     def _seeds_pending(self) -> bool:
         study = self._open_study()
@@ -593,7 +624,11 @@ class Tuner:
         self.phase = "final"
         self.round = 0
         self.finalists = [i for i, c in enumerate(self.candidates) if c.name in names]
-        self.order = list(self.finalists) if len(self.finalists) >= 2 and self.at.rounds else []
+        fits = self.budget - self.elapsed() >= self._seconds_per_measurement() * len(names)
+        rounds = len(self.finalists) >= 2 and self.at.rounds and fits
+        self.order = list(self.finalists) if rounds else []
+        if not fits:
+            self.round = self.at.rounds  # a round cut short pairs nothing: none starts
         if self.ranks.is_main and self.order:
             log.info(
                 "loader=autotune: %d finalists (%s), re-measured in up to %d alternating rounds",
@@ -798,6 +833,7 @@ class Tuner:
             "history": self.history,
             "cut": self.cut,
             "retunes": self.retunes,
+            "shares": self._shares,
         }
 
     def _restore(self, state: dict) -> None:
@@ -810,6 +846,7 @@ class Tuner:
         self.written = state.get("written")
         self.history = list(state.get("history") or [])
         self.cut, self.retunes = bool(state.get("cut")), int(state.get("retunes") or 0)
+        self._shares = state.get("shares")
         self.chosen = next((c for c in self.candidates if c.name == state["chosen"]), None)
         self.current = state["current"]
         if self.active and self.current is not None:

@@ -40,10 +40,17 @@ from feedrate.files import atomic_write_text
 from feedrate.loader import skipped_samples
 from feedrate.metrics import finite, format_summary, summarise
 from feedrate.monitor import ResourceMonitor
-from feedrate.stream import Shares, is_resumable, is_stream, length
+from feedrate.stream import is_resumable, is_stream, length
 from feedrate.sweep.trial import primary_config_dir
 from feedrate.trainer import Checkpoints, TrainResult, planned_steps, train
-from feedrate.workload import Kept, Workload, build, evaluate_held_out, switch_loader
+from feedrate.workload import (
+    Kept,
+    Workload,
+    build,
+    evaluate_held_out,
+    read_as_shares,
+    switch_loader,
+)
 
 log = logging.getLogger("feedrate")
 _DEFAULT_THREADS = torch.get_num_threads()  # PyTorch's choice for this process, at start
@@ -152,8 +159,7 @@ def _tuner(run: Run, work: Workload, saved: dict | None) -> Tuner:
         state=state,
         out_dir=run.out,
     )
-    if is_resumable(work.train_set):  # any worker count goes on from its position mid-epoch
-        work.train_set = Shares(work.train_set, tuner.workers_bound)
+    read_as_shares(work, tuner.shares, cfg)  # any worker count goes on from its position
     tuner.build((saved or {}).get("step", 0))
     return tuner
 

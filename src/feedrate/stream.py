@@ -132,11 +132,12 @@ class Shares(_Wrapper):
     turn, a sample from each. Its position is the shares' positions, which a loader with any
     other number of workers goes on from (:meth:`go_on`), mid-epoch: nothing skipped, nothing
     read twice. A worker count that does not divide ``parts`` gives some workers one share
-    more than others; those finish the epoch last."""
+    more than others; those finish the epoch last. Share ``p`` of an epoch sees the same
+    worker seed under any loader (from ``seed``, the epoch and ``p``)."""
 
-    def __init__(self, dataset: IterableDataset, parts: int) -> None:
+    def __init__(self, dataset: IterableDataset, parts: int, seed: int = 0) -> None:
         super().__init__(dataset)
-        self.parts = parts
+        self.parts, self.seed, self.epoch = parts, seed, 0
         self._loaded: dict[int, dict] = {}  # share -> the state it goes on from
         self._loaded_epoch: int | None = None
         self._subs: dict[int, IterableDataset] | None = None  # this process's shares
@@ -150,22 +151,28 @@ class Shares(_Wrapper):
         if epoch != self._loaded_epoch:  # states belong to the epoch they were taken in
             self._loaded, self._loaded_epoch = {}, None
         self._subs = None  # the next pass copies the stream again, at this epoch
+        self.epoch = epoch
         super().set_epoch(epoch)
 
     def state_dict(self) -> dict:
         """This process's shares' positions: a share not read since it was loaded says the
         state it was loaded with (a stream's state may not say it before it is read)."""
         if self._subs is None:
-            return {"shares": {p: self._loaded[p] for p in self._mine() if p in self._loaded}}
-        return {
-            "shares": {
+            shares = {p: self._loaded[p] for p in self._mine() if p in self._loaded}
+        else:
+            shares = {
                 p: sub.state_dict() if p in self._moved else self._loaded[p]
                 for p, sub in self._subs.items()
                 if p in self._moved or p in self._loaded
             }
-        }
+        return {"parts": self.parts, "shares": shares}
 
     def load_state_dict(self, state: dict) -> None:
+        if state.get("parts", self.parts) != self.parts:
+            raise DatasetError(
+                f"the stream's position was saved in {state['parts']} shares, and this run"
+                f" reads it in {self.parts}: it cannot go on from it"
+            )
         self._loaded, self._subs = {int(p): s for p, s in state["shares"].items()}, None
 
     def _mine(self) -> range:
@@ -174,21 +181,28 @@ class Shares(_Wrapper):
         return range(worker, self.parts, workers)
 
     def __iter__(self):
-        if self._subs is None:  # a persistent worker keeps its shares from pass to pass
+        if self._subs is None:
             self._subs, self._moved = {}, set()
             for part in self._mine():
                 sub = copy.deepcopy(self.dataset)
                 if part in self._loaded:
                     sub.load_state_dict(self._loaded[part])
                 self._subs[part] = sub
-        return self._interleaved(dict(self._subs), get_worker_info())
+        else:  # a persistent worker's next pass: its shares go on, from their epoch's start
+            self._moved, self._loaded = set(), {}
+            self.epoch += 1
+        return self._interleaved(dict(self._subs))
 
-    def _interleaved(self, subs: dict[int, IterableDataset], info: Any):
+    def _interleaved(self, subs: dict[int, IterableDataset]):
         from torch.utils.data._utils import worker
 
-        seed = info.seed if info is not None else torch.initial_seed()
         as_share = {
-            part: worker.WorkerInfo(id=part, num_workers=self.parts, seed=seed + part, dataset=sub)
+            part: worker.WorkerInfo(
+                id=part,
+                num_workers=self.parts,
+                seed=(self.seed * 1_000_003 + self.epoch * 65_537 + part) % 2**63,
+                dataset=sub,
+            )
             for part, sub in subs.items()
         }
         iterators: dict[int, Any] = {}

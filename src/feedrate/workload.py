@@ -3,6 +3,7 @@ and loader, the normalisation on the device, and the held-out evaluation."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -15,17 +16,21 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from feedrate import checkpoint, distributed
+from feedrate.checks import start_method
 from feedrate.config import Optimizer
 from feedrate.dataset import GuardedDataset, build_dataset, num_classes, split
 from feedrate.decode import BatchDecoder, bytes_only
 from feedrate.distributed import Ranks
+from feedrate.errors import DatasetError
 from feedrate.faults import Context, check_shm, unbatchable_sample
 from feedrate.hardware import Hardware
 from feedrate.loader import build_loader, loader_kwargs
 from feedrate.model import build_model
 from feedrate.stream import (
     GuardedStream,
+    Shares,
     check_split_by_worker,
+    is_resumable,
     is_stream,
     length,
     nothing_here,
@@ -231,6 +236,39 @@ def switch_loader(
         quiet.level = level
     work.loader_args, work.context = args, context
     return work.loader
+
+
+def read_as_shares(work: Workload, parts: int, cfg: DictConfig) -> bool:
+    """``loader=autotune`` over a resumable stream: read it as ``parts`` fixed shares
+    (:class:`feedrate.stream.Shares`), which a loader of any worker count goes on from
+    mid-epoch. False (it switches at its epoch ends) when the stream cannot be copied, which
+    a stream holding a lock or an open file, fine under ``fork``, cannot. A stream that does
+    not split its work by worker is refused: each share would read all of it."""
+    if not is_resumable(work.train_set):
+        return False
+    try:
+        copy.deepcopy(work.train_set)
+    except Exception as exc:  # noqa: BLE001 - whatever the stream's copy raised, named
+        log.info(
+            "loader=autotune switches %s's loader at its epoch ends only: the stream cannot be"
+            " copied into shares (%s: %s)",
+            type(work.dataset).__qualname__,
+            type(exc).__name__,
+            exc,
+        )
+        return False
+    if not work.split_checked:
+        try:
+            check_split_by_worker(work.train_set.dataset, start_method(cfg.loader))
+        except DatasetError as exc:
+            raise DatasetError(
+                f"loader=autotune tries several worker counts, and {exc}".replace(
+                    "; or use loader.num_workers=0", "; or use a loader preset, not autotune"
+                )
+            ) from exc
+        work.split_checked = True
+    work.train_set = Shares(work.train_set, parts, seed=cfg.trainer.seed)
+    return True
 
 
 def _first_sample(dataset: Dataset) -> torch.Tensor:
