@@ -374,7 +374,8 @@ class _Planned:
 
 def test_the_search_climbs_past_its_top_seed_while_more_workers_are_faster(compose):
     """Reads that stall scale past the top seed: twice its workers are tried next, and so on
-    up to the search's bound (64 on 2 cores); data that peaks early is not climbed."""
+    up to the search's bound (64 on 2 cores), then the fastest with a deeper queue; data that
+    peaks early is not climbed, only deepened."""
     cores = int(usable_cores())
     seeds = sorted({min(64, k * cores) for k in (1, 4, 16)})
     budget = ["trainer.autotune.budget_s=600", "trainer.autotune.max_workers=64"]
@@ -383,9 +384,11 @@ def test_the_search_climbs_past_its_top_seed_while_more_workers_are_faster(compo
     climb = [w for w in (2 * seeds[-1], 4 * seeds[-1]) if w <= 64] or [64]
     assert tried[: 1 + len(seeds) + len(climb)] == [0, *seeds, *climb[:1], *climb[1:]]
     peaked = _Planned(compose, "loader.num_workers=0", "loader.prefetch_factor=null", *budget)
-    tried = peaked.workers_tried(lambda w: 1000.0 - abs(w - seeds[0]), 1 + len(seeds))
-    assert tried[: 1 + len(seeds)] == [0, *seeds]
-    assert len(tried) == len(seeds) + 2 and tried[-1] != 2 * seeds[-1]  # Optuna's suggestion
+    tried = peaked.workers_tried(lambda w: 1000.0 - abs(w - seeds[0]), 1 + len(seeds) + 1)
+    assert tried[: 2 + len(seeds)] == [0, *seeds, seeds[0]]
+    deeper = peaked.tuner.candidates[1 + len(seeds)].params
+    assert deeper["loader.prefetch_factor"] == 8  # the seeds' 2, x4
+    assert tried[-1] not in (seeds[0], 2 * seeds[-1])  # then Optuna's suggestion
     # from the run's own loader, whose thread counts are unset (not values the search takes)
     wide = _Planned(compose, "loader.num_workers=48", *budget)
     tried = wide.workers_tried(lambda w: 100.0 * (1 + w), 1 + len(seeds) + 1)
