@@ -83,9 +83,23 @@ def test_cfg_job_and_help_work_like_any_hydra_app():
     assert proc.returncode == 0, proc.stderr
     assert "num_workers: 4" in proc.stdout
     proc = run_cli("--help")
-    assert proc.returncode == 0
-    for group in ("dataset:", "loader:", "model:", "hardware:", "trainer:"):
-        assert group in proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    options = {
+        line.split(":")[0]: line.split(": ")[1].split(", ")
+        for line in proc.stdout.split("== Config ==")[0].splitlines()
+        if re.match(r"^[a-z]+: ", line)
+    }
+    assert options["dataset"] == [
+        "custom",
+        "image_folder",
+        "memmap",
+        "photos",
+        "synthetic",
+        "webdataset",
+    ]
+    assert {"default", "recipe", "autotune"} <= set(options["loader"])
+    assert set(options) == {"dataset", "hardware", "loader", "model", "sweep", "trainer"}
+    assert "_schema" not in proc.stdout.split("== Config ==")[0]
     # tab completion, as the shell asks for it after eval "$(python train.py -sc install=bash)"
     line = "python train.py loader="
     proc = run_cli("-sc", "query=bash", env={"COMP_LINE": line, "COMP_POINT": str(len(line))})

@@ -67,8 +67,27 @@ def study_storage(*, _root_: DictConfig) -> str:
     return f"sqlite:///{abspath(_root_.sweep.study_dir)}/{study_name(_root_=_root_)}.db"
 
 
+def config_groups() -> str:
+    """The groups and their options, as ``python train.py --help`` lists them: Hydra's list
+    without the schemas (``*_schema`` check an option's keys; they are not options)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    if not GlobalHydra.instance().is_initialized():
+        return ""
+    loader = GlobalHydra.instance().config_loader()
+    lines = []
+    for group in sorted(loader.list_groups("")):
+        options = loader.get_group_options(group, ObjectType.CONFIG)
+        options = [o for o in options if not o.endswith("_schema")]
+        if group != "hydra" and options:
+            lines.append(f"{group}: {', '.join(options)}")
+    return "\n".join(lines)
+
+
 def register_resolvers() -> None:
     for name, fn, cache in [
+        ("feedrate_config_groups", config_groups, False),
         ("feedrate_preset_name", default_preset_name, True),
         ("feedrate_study_name", study_name, False),
         ("feedrate_study_storage", study_storage, False),
