@@ -483,3 +483,24 @@ def test_a_stream_that_does_not_split_by_worker_is_refused_even_without_workers(
     cfg = feedrate.compose(overrides, config_dir=CONF)
     with pytest.raises(feedrate.errors.DatasetError, match="loader=autotune tries several worker"):
         feedrate.run(cfg, output_dir=tmp_path)
+
+
+def test_a_candidates_memory_is_the_peak_of_its_own_readings(monkeypatch):
+    """Each candidate's ``peak_mb`` is the highest reading since it started, not the last
+    one, nor an earlier candidate's."""
+    from feedrate import monitor as monitor_module
+
+    readings = iter([300, 500, 200, 100])
+    monkeypatch.setattr(
+        monitor_module,
+        "_tree_memory",
+        lambda proc: (next(readings) * 2**20, 0.0, 1, [], 0.0),
+    )
+    monitor = monitor_module.ResourceMonitor(interval_s=None)
+    monitor.sample()
+    monitor.sample()
+    assert monitor.peak_since_mark == 500 * 2**20
+    monitor.mark()  # the next candidate
+    monitor.sample()
+    monitor.sample()
+    assert monitor.peak_since_mark == 200 * 2**20

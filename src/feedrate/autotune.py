@@ -380,7 +380,7 @@ class Tuner:
             wait = sum(times.wait_s) / times.elapsed_s if times.elapsed_s > 0 else None
             if wait is not None:
                 c.waits.append(wait)
-        pss = getattr(monitor, "last_pss_bytes", None)
+        pss = getattr(monitor, "peak_since_mark", None)  # its own peak (trainer marks)
         if pss:
             c.peak_mb = max(c.peak_mb or 0.0, pss / 2**20)
         if self.ranks.is_main:

@@ -115,6 +115,7 @@ class ResourceMonitor:
         self.full_samples = 0  # full readings taken while measuring (the bench reports them)
         self._measuring = False
         self._reference: tuple[float, float] = (0.0, 0.0)  # (tree PSS, available) at a reading
+        self._peak_since = 0.0
         # The memory guard: past ``limit_bytes`` (PSS of the tree), ``tripped`` says why and
         # the training loop stops after its step; if it is stuck, workers are killed.
         self.limit_bytes = limit_bytes
@@ -138,14 +139,19 @@ class ResourceMonitor:
             self._cpus = list(range(psutil.cpu_count() or 1))
         self._cpu_start: tuple[float, float, float] | None = None
 
+    def mark(self) -> None:
+        """From now on :attr:`peak_since_mark` is the highest reading (a candidate's own)."""
+        self._peak_since = 0.0
+
     @property
-    def last_pss_bytes(self) -> float:
-        """The tree's PSS at the latest reading."""
-        return self._reference[0]
+    def peak_since_mark(self) -> float:
+        """The tree's highest PSS at a reading since :meth:`mark` (or the start)."""
+        return self._peak_since
 
     def sample(self) -> None:
         pss, uss, count, children, main_pss = _tree_memory(self._proc)
         self._reference = (pss, psutil.virtual_memory().available)
+        self._peak_since = max(self._peak_since, pss)
         if self.limit_bytes is not None and pss > self.limit_bytes and self.tripped is None:
             self.tripped = guard_message(
                 pss,

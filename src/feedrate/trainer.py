@@ -389,6 +389,8 @@ def train(
 
     def candidate_meter() -> Meter:
         bar.set_description(f"train [autotune {tuner.phase}: {tuner.candidate.name}]")
+        if hasattr(monitor, "mark"):
+            monitor.mark()  # the candidate's peak memory is its own
         return _meter(tuner.meter_config(), loader, **meter_args, start=where.step)
 
     meter_args = dict(total=total, measure=measure, monitor=monitor, hw=hw, bar=bar)
