@@ -75,11 +75,15 @@ def test_dockerfile_builds_from_environment_yml_and_copies_what_exists():
         if line.startswith("COPY"):
             parts = [p for p in line.split()[1:] if not p.startswith("--")]
             copied += parts[:-1]
-    assert "environment.yml" in copied and "train.py" in copied
+    assert {"environment.yml", "pyproject.toml", "src", "conf", "LICENSE"} <= set(copied)
     for source in copied:
         assert (ROOT / source).exists(), f"the Dockerfile copies {source}, which is missing"
-    assert 'CMD ["python", "train.py"]' in text
-    assert "pip install --no-deps" in text  # the environment comes from environment.yml only
+    assert 'CMD ["feedrate", "train"]' in text
+    # the environment comes from environment.yml only; feedrate installed, not editable
+    assert "pip install --no-deps --no-cache-dir /tmp/feedrate" in text and " -e " not in text
+    # a project mounted at /project, written by whoever runs the container (--user)
+    assert "WORKDIR /project" in text and "chmod 1777 /project" in text
+    assert '-v "$PWD:/project"' in text and '--user "$(id -u):$(id -g)"' in text
 
 
 def test_lock_pins_every_dependency_within_its_bounds():

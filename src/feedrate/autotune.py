@@ -38,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from feedrate import distributed, provenance, stats
 from feedrate.errors import ConfigError
+from feedrate.project import command
 
 log = logging.getLogger(__name__)
 
@@ -758,6 +759,7 @@ class Tuner:
         """The winner as a preset with where it was measured (``measured_on``); an older
         preset written here is replaced, one a person wrote is kept (checked at start)."""
         from feedrate.config import LoaderConfig
+        from feedrate.project import packaged_config_dir
         from feedrate.sweep.preset import (
             AUTOTUNE_MARKER,
             check_plain_data,
@@ -787,7 +789,7 @@ class Tuner:
         }
         name = path.stem
         header = [
-            f"python train.py loader={name}",
+            f"{command()} loader={name}",
             f"Measured {measured['date']} by loader=autotune inside the run {self.out_dir}.",
             f"Winner: {winner.describe()}, median {winner.median:,.1f} samples/s.",
             f"Decision: {self.reason}.",
@@ -798,8 +800,9 @@ class Tuner:
 
         def verify() -> None:
             check_plain_data(path)
+            dirs = [path.parent, packaged_config_dir() / "loader"]  # its defaults: feedrate's
             composed = OmegaConf.merge(
-                OmegaConf.structured(LoaderConfig), provenance.preset_node(path.parent, name)
+                OmegaConf.structured(LoaderConfig), provenance.preset_node(dirs, name)
             )
             for key, value in values.items():
                 got = composed.get(key)

@@ -27,7 +27,7 @@ from feedrate.checks import start_method, unpicklable, validate
 from feedrate.dataset import build_dataset
 from feedrate.errors import FeedrateError
 from feedrate.faults import Context, shm_needed
-from feedrate.launch import compose, default_config_dir
+from feedrate.launch import compose, loader_preset_dirs
 from feedrate.monitor import data_workers
 from feedrate.stream import is_stream, length
 from feedrate.sweep.preset import plain_data_problems
@@ -299,8 +299,8 @@ def _check_travel(
         return
     asked = provenance.asked_loader_keys(overrides)
     auto = bool(cfg.loader.auto)  # then the picked preset is what the later checks look at
-    directory = default_config_dir() / "loader"
-    picked, line = provenance.settle(cfg, directory, here, hw.is_cuda, name, asked, say=False)
+    dirs = loader_preset_dirs()
+    picked, line = provenance.settle(cfg, dirs, here, hw.is_cuda, name, asked, say=False)
     if auto:
         report.line("info", "loader=auto", line.replace("loader=auto picked", "picks"))
     else:
@@ -329,14 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         type=Path,
         default=None,
-        help="a loader preset file to check is plain data (default: all of conf/loader/)",
+        help="a loader preset file to check is plain data (default: every loader preset found)",
     )
     parser.add_argument(
         "--no-measure", action="store_true", help="skip measuring a worker's memory"
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    presets = args.preset or sorted((default_config_dir() / "loader").glob("*.yaml"))
+    presets = args.preset or sorted(p for d in loader_preset_dirs() for p in d.glob("*.yaml"))
     for path in presets:
         if not path.is_file():
             parser.error(f"--preset {path}: no such file")

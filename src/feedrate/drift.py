@@ -7,6 +7,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from feedrate.project import command
+
 
 @dataclass
 class DriftGuard:
@@ -49,7 +51,7 @@ class DriftGuard:
             f" in steps {first}-{last} (median of {self.windows} windows), against"
             f" {reference:.0%} {where}. A cold page cache, a slower node or disk, or a noisy"
             " neighbour? cpu_util and the disk tell which; more workers or a deeper prefetch"
-            " may help, and python train.py -m sweep=loader re-tunes. Said once until it"
+            f" may help, and {command(sweep=True)} re-tunes. Said once until it"
             " recovers <cfg.trainer.drift_rise>"
         )
 

@@ -40,8 +40,8 @@ from feedrate.files import atomic_write_text
 from feedrate.loader import skipped_samples
 from feedrate.metrics import finite, format_summary, summarise
 from feedrate.monitor import ResourceMonitor
+from feedrate.project import command, is_packaged, loader_dirs, packaged_config_dir, preset_dir
 from feedrate.stream import is_resumable, is_stream, length
-from feedrate.sweep.trial import primary_config_dir
 from feedrate.trainer import Checkpoints, TrainResult, planned_steps, train
 from feedrate.workload import (
     Kept,
@@ -57,17 +57,15 @@ _DEFAULT_THREADS = torch.get_num_threads()  # PyTorch's choice for this process,
 
 
 def default_config_dir() -> Path:
-    """``conf/`` beside ``train.py``: the project checkout, or ``$FEEDRATE_CONFIG_DIR``."""
+    """``$FEEDRATE_CONFIG_DIR``, or ``conf/`` here if it holds ``train.yaml`` (the checkout),
+    or feedrate's packaged configs (a project's own ``conf/`` then comes first on the
+    search path: :mod:`feedrate.project`)."""
     env = os.environ.get("FEEDRATE_CONFIG_DIR")
     if env:
         return Path(env).resolve()
-    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        if (base / "conf" / "train.yaml").exists():
-            return base / "conf"
-    raise FileNotFoundError(
-        "no conf/train.yaml in the current directory or the feedrate checkout;"
-        " run from the project root or set FEEDRATE_CONFIG_DIR"
-    )
+    if (Path.cwd() / "conf" / "train.yaml").exists():
+        return Path.cwd() / "conf"
+    return packaged_config_dir()
 
 
 def compose(
@@ -85,10 +83,25 @@ def compose(
         return hydra_compose(config_name=config_name, overrides=list(overrides or []))
 
 
-def _config_dir() -> Path:
-    """The run's conf/: Hydra's primary config source, else :func:`default_config_dir`."""
-    found = primary_config_dir(HydraConfig.get()) if HydraConfig.initialized() else None
-    return found or default_config_dir()
+def _hydra() -> DictConfig | None:
+    return HydraConfig.get() if HydraConfig.initialized() else None
+
+
+def loader_preset_dirs() -> list[Path]:
+    """Where this run reads loader presets from: the project's, then the run's conf/."""
+    fallback = default_config_dir()
+    dirs = loader_dirs(_hydra(), fallback)
+    if _hydra() is None and is_packaged(fallback):  # feedrate.run() in a project
+        dirs.insert(0, Path.cwd() / "conf" / "loader")
+    return dirs
+
+
+def _preset_dir() -> Path:
+    """Where this run writes a preset (loader=autotune): the project's conf/loader/."""
+    found = preset_dir(_hydra()) if _hydra() is not None else None
+    if found is None and is_packaged(default_config_dir()):
+        return Path.cwd() / "conf" / "loader"
+    return found or default_config_dir() / "loader"
 
 
 def _output_dir(output_dir: str | os.PathLike | None) -> Path:
@@ -144,10 +157,10 @@ def _tuner(run: Run, work: Workload, saved: dict | None) -> Tuner:
     if is_stream(work.dataset) and run.ranks.enabled:
         _check_even_stream(run, work)
     here = provenance.Here.of(cfg, run.fingerprint, run.hw, _overrides())
-    directory = _config_dir() / "loader"
+    directory = _preset_dir()
     found = None
     if state is None and cfg.trainer.autotune.from_preset:
-        found = provenance.measured_here(directory, here, run.hw.is_cuda)
+        found = provenance.measured_here(loader_preset_dirs(), here, run.hw.is_cuda)
         found = distributed.broadcast(found, run.ranks)  # rank 0's files decide
     tuner = Tuner(
         cfg,
@@ -194,7 +207,7 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
     # loader=auto becomes the preset it picks before anything reads the loader
     provenance.settle(
         cfg,
-        _config_dir() / "loader",
+        loader_preset_dirs(),
         here,
         resolved.is_cuda,
         choices.get("loader"),
@@ -361,7 +374,7 @@ def _checkpoints(run: Run, work: Workload) -> Checkpoints:
         # on every rank: each pauses (and re-warms) while rank 0 saves
         every=trainer.checkpoint_every if trainer.save_checkpoint else None,
         interrupt=threading.Event(),
-        resume_hint=f"python train.py {' '.join(_overrides(run.out))} trainer.resume=true",
+        resume_hint=f"{command()} {' '.join(_overrides(run.out))} trainer.resume=true",
     )
 
 

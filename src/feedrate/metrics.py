@@ -6,6 +6,8 @@ import math
 import statistics
 from typing import TYPE_CHECKING
 
+from feedrate.project import command
+
 if TYPE_CHECKING:
     from feedrate.monitor import ResourceMonitor
     from feedrate.trainer import TrainResult
@@ -58,7 +60,7 @@ def verdict(data_wait_frac: float, cpu_util: float | None, device: str) -> tuple
             "the CPU is saturated: more workers will not help, cheaper decoding/augmentation will"
             if cpu_util is not None and cpu_util > 0.9
             else "the CPU has room: more workers or deeper prefetch should help"
-            " (python train.py -m sweep=loader)"
+            f" ({command(sweep=True)})"
         )
         return "input-bound", (
             f"the {device} waited for data {data_wait_frac:.0%} of the time"

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from feedrate.config import LoaderConfig
 from feedrate.errors import ConfigError
 from feedrate.hardware import Fingerprint, Hardware, memory_allocation
+from feedrate.project import command
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +167,7 @@ def travel_warning(name: str, measured_on: dict, here: Here) -> str | None:
         parts.append(f"the workload differs ({', '.join(workload)})")
     return (
         f"loader={name} was measured elsewhere: {'; '.join(parts)}. Its settings may be wrong"
-        f" here; tune for this machine and workload: python train.py -m sweep=loader"
+        f" here; tune for this machine and workload: {command(sweep=True)}"
         f" sweep.preset_name={name}_here {' '.join(here.command) or '[your overrides]'}"
     ).rstrip()
 
@@ -179,11 +181,29 @@ def _load(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def preset_node(directory: Path, name: str, seen: tuple[str, ...] = ()) -> dict:
-    """The preset ``name`` of ``directory`` with its defaults (other presets) merged in."""
+Dirs = Path | Sequence[Path]  # a preset directory, or several: the first holding a name wins
+
+
+def _dirs(directory: Dirs) -> list[Path]:
+    return [directory] if isinstance(directory, Path) else list(directory)
+
+
+def preset_file(directory: Dirs, name: str) -> Path:
+    """``<name>.yaml`` in the first of the directories that holds it (else the first's)."""
+    dirs = _dirs(directory)
+    return next(
+        (d / f"{name}.yaml" for d in dirs if (d / f"{name}.yaml").exists()),
+        dirs[0] / f"{name}.yaml",
+    )
+
+
+def preset_node(directory: Dirs, name: str, seen: tuple[str, ...] = ()) -> dict:
+    """The preset ``name`` of ``directory`` with its defaults (other presets) merged in; of
+    several directories, each name from the first that holds it (a project's, then
+    feedrate's packaged presets)."""
     if name in seen:
         raise ConfigError(f"loader preset {name} includes itself: {' -> '.join([*seen, name])}")
-    data = _load(directory / f"{name}.yaml")
+    data = _load(preset_file(directory, name))
     merged = OmegaConf.create()
     own = {k: v for k, v in data.items() if k != "defaults"}
     for entry in data.get("defaults") or ["_self_"]:
@@ -236,11 +256,12 @@ class _Candidate:
     workload: list[str]
 
 
-def _candidates(directory: Path, here: Here, batch_size_asked: bool) -> list[_Candidate]:
+def _candidates(directory: Dirs, here: Here, batch_size_asked: bool) -> list[_Candidate]:
     """The presets of ``directory`` that say where they were measured; one that cannot be
     read is left out, with a warning naming it."""
     found = []
-    for path in sorted(directory.glob("*.yaml")):
+    names = sorted({p.stem for d in _dirs(directory) for p in d.glob("*.yaml")})
+    for path in (preset_file(directory, name) for name in names):
         if path.stem == "auto":
             continue
         try:
@@ -264,8 +285,41 @@ def _candidates(directory: Path, here: Here, batch_size_asked: bool) -> list[_Ca
     return found
 
 
+def catalogue(directory: Dirs, here: Here, has_cuda: bool) -> list[dict]:
+    """Every loader preset of ``directory`` (the first of a name), for ``feedrate presets``:
+    its file, where and when it was measured and at what rate, and what it means here."""
+    measured = {c.name: c for c in _candidates(directory, here, False)}
+    memory_mb = _memory_here_mb()
+    rows = []
+    names = sorted({p.stem for d in _dirs(directory) for p in d.glob("*.yaml")})
+    for name in names:
+        path, c = preset_file(directory, name), measured.get(name)
+        row = {"name": name, "path": str(path), "measured_on": None, "here": _said(path)}
+        if c is not None:
+            problem = does_not_fit(c.settings, c.measured_on, has_cuda, memory_mb)
+            differs = [*c.machine, *(w.split(" ", 1)[0] for w in c.workload)]
+            row["measured_on"] = c.measured_on
+            row["here"] = (
+                f"does not fit: {problem}"
+                if problem
+                else f"measured elsewhere: {', '.join(differs)} differ"
+                if differs
+                else "measured on this machine and workload"
+            )
+        rows.append(row)
+    return rows
+
+
+def _said(path: Path) -> str:
+    """What a preset written by hand says of itself: its header's first sentence."""
+    lines = path.read_text().splitlines()
+    words = " ".join(ln.lstrip("# ").strip() for ln in lines[1:6] if ln.startswith("#"))
+    first = words.split(". ")[0].split(": ")[0].rstrip(".")
+    return f"by hand: {first}" if first else "written by hand"
+
+
 def pick(
-    directory: Path, here: Here, has_cuda: bool, batch_size_asked: bool = False
+    directory: Dirs, here: Here, has_cuda: bool, batch_size_asked: bool = False
 ) -> tuple[str, str]:
     """The preset for this machine and workload, and why: the fastest measured on both that
     fits; otherwise the closest that fits; otherwise ``recipe``."""
@@ -288,11 +342,11 @@ def pick(
             tuned_on = describe_machine(c.measured_on["machine"])
             return c.name, (
                 f"the closest preset that fits: tuned on {tuned_on} (differs in {differs});"
-                " tune for this machine with python train.py -m sweep=loader"
+                f" tune for this machine with {command(sweep=True)}"
             )
     refused = [f"{n}: {why}" for n, why in fits.items() if why]
     none = "no preset was measured here" + (f"; {'; '.join(refused)}" if refused else "")
-    return FALLBACK, f"{none}; tune for this machine with python train.py -m sweep=loader"
+    return FALLBACK, f"{none}; tune for this machine with {command(sweep=True)}"
 
 
 def _fastest_here(found: list[_Candidate], fits: dict[str, str | None]) -> _Candidate | None:
@@ -302,7 +356,7 @@ def _fastest_here(found: list[_Candidate], fits: dict[str, str | None]) -> _Cand
     return max(same, key=lambda c: c.measured_on.get("samples_per_sec") or 0) if same else None
 
 
-def measured_here(directory: Path, here: Here, has_cuda: bool) -> tuple[str, dict, dict] | None:
+def measured_here(directory: Dirs, here: Here, has_cuda: bool) -> tuple[str, dict, dict] | None:
     """The fastest preset measured on this machine and workload that fits here, as (name,
     settings, measured_on); None if there is none (``loader=autotune`` then searches)."""
     # at this run's batch size (a preset's own is not applied: the run trains with its own)
@@ -323,7 +377,7 @@ def asked_loader_keys(overrides) -> set[str]:
 
 def settle(
     cfg: DictConfig,
-    directory: Path,
+    directory: Dirs,
     here: Here,
     has_cuda: bool,
     name: str | None,

@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from feedrate import environment, hardware, provenance, stats
 from feedrate.errors import ConfigError, FeedrateError
 from feedrate.files import atomic_write_text
+from feedrate.project import command
 from feedrate.sweep.ceiling import measure_ceilings, measure_gap
 from feedrate.sweep.decide import (
     BASELINES,
@@ -67,7 +68,7 @@ from feedrate.sweep.study import (
     storage_of,
 )
 from feedrate.sweep.study import lock as lock_study
-from feedrate.sweep.trial import TrialResult, base_args, conf_dir, hydra_args, run_trial
+from feedrate.sweep.trial import TrialResult, base_args, hydra_args, preset_conf_dir, run_trial
 
 if TYPE_CHECKING:  # optuna takes a second to import; trial processes load this module too
     import optuna
@@ -146,7 +147,7 @@ def _record_in_study(study: optuna.Study, decision: Decision, config: DictConfig
         import optuna_dashboard
     except ImportError:
         return
-    use = f"\n\nThe preset: `python train.py loader={name}`" if config.sweep.write_preset else ""
+    use = f"\n\nThe preset: `{command()} loader={name}`" if config.sweep.write_preset else ""
     optuna_dashboard.save_note(
         study,
         f"## The sweep's decision: {winner.label}, {winner.median:,.1f} samples/s (median"
@@ -168,7 +169,7 @@ class LoaderSweep(Callback):
     def _start(self, config: DictConfig) -> None:
         self._phases = Phases()
         name = config.sweep.preset_name
-        path = preset_path(conf_dir(config), name)
+        path = preset_path(preset_conf_dir(config), name)
         check_writable(path, config.sweep.overwrite)
         check_sweep(config)
         start_methods(config)  # says now, before any trial, if the dataset rules some out
@@ -291,7 +292,7 @@ class LoaderSweep(Callback):
         _record_in_study(study, decision, config)
 
         name = config.sweep.preset_name
-        path = preset_path(conf_dir(config), name)
+        path = preset_path(preset_conf_dir(config), name)
         winner_result = next(r for r in decision.winner.results if r.ok)
         atomic_write_text(
             sweep_dir / "best_config.yaml",
@@ -415,7 +416,7 @@ class LoaderSweep(Callback):
                     )
 
         write_preset_file(path, text, config.sweep.overwrite, verify)
-        log.info("wrote %s; use it with: python train.py loader=%s", path, name)
+        log.info("wrote %s; use it with: %s loader=%s", path, command(), name)
 
 
 def _slug(c: Contestant) -> str:
@@ -441,7 +442,7 @@ def _preset_header(
     afresh = [a for a in base_args(config) if not a.startswith("sweep.study_dir=")]
     fresh = f"{config.sweep.study_dir}/{datetime.now():%Y-%m-%d_%H-%M-%S}"
     lines = [
-        f"python train.py loader={name}",
+        f"{command()} loader={name}",
         f"Measured {datetime.now().isoformat(timespec='seconds')} by a loader sweep, study"
         f" {study.study_name}.",
         f"Winner: {winner.name}, median {winner.median:,.1f} samples/s"
@@ -471,9 +472,9 @@ def _preset_header(
         _memory_line(measured, memory_budget(config)),
         f"Software: {environment.short(measured_on)}.",
         # a final run's own command line, the final window included
-        "Re-measure the winner as the sweep did: python train.py "
+        f"Re-measure the winner as the sweep did: {command()} "
         + " ".join(winner.ok_result().overrides),
-        "Re-run the sweep afresh (a new study): python train.py -m "
+        f"Re-run the sweep afresh (a new study): {command()} -m "
         + " ".join([*afresh, *hydra_args(config), f"sweep.study_dir={fresh}"]),
         "Plain data: the DataLoader's own arguments (and thread counts) on top of"
         " loader/default.yaml; measured_on is where it was measured, which a run elsewhere"

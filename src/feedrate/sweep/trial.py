@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 
 from feedrate.errors import ConfigError
 from feedrate.files import atomic_write_text
+from feedrate.project import primary_config_dir, project_config_dir
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 OVER_BUDGET = "over budget"  # it ran, and used more memory than sweep.memory_budget_gb
@@ -292,19 +293,17 @@ def read_result(
     return result
 
 
-def primary_config_dir(hydra: DictConfig) -> Path | None:
-    """The conf/ a Hydra app composed from (``hydra`` is the run's ``hydra`` node)."""
-    for source in hydra.runtime.config_sources:
-        if source.provider == "main" and source.schema == "file":
-            return Path(source.path)
-    return None
-
-
 def conf_dir(config: DictConfig) -> Path:
+    """The conf/ the sweep composes from (its trial hosts compose from it too)."""
     found = primary_config_dir(config.hydra)
     if found is None:
-        raise ConfigError("cannot find the config directory to write the preset into")
+        raise ConfigError("cannot find the config directory the sweep composed from")
     return found
+
+
+def preset_conf_dir(config: DictConfig) -> Path:
+    """The conf/ a preset is written into: the project's, else the one composed from."""
+    return project_config_dir(config.hydra) or conf_dir(config)
 
 
 def base_args(config: DictConfig) -> list[str]:

@@ -1,0 +1,222 @@
+"""Data parallel training under ``torchrun --nproc_per_node=N train.py ...``.
+
+torchrun starts one process per rank and sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
+``LOCAL_WORLD_SIZE``. Each rank drives one device (``cuda:<local rank>``, or the CPU with the
+gloo backend), reads its own shard of every epoch (``DistributedSampler``) through its own
+DataLoader, and trains a ``DistributedDataParallel`` replica. ``loader.num_workers`` is the
+machine's budget (what a preset tuned on the whole machine says), split between the ranks on it.
+Rank 0 writes the outputs; metrics are gathered from every rank (global samples/s is the sum).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler
+
+from feedrate.errors import ConfigError
+from feedrate.hardware import Hardware
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def from_env() -> Ranks:
+    """The ranks torchrun set in the environment; one process when it did not."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Ranks()
+    return Ranks(
+        rank=int(os.environ["RANK"]),
+        world_size=world,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
+    )
+
+
+def setup(ranks: Ranks, hw: Hardware, trainer) -> Hardware:
+    """Join the process group; this rank's hardware (its own CUDA device)."""
+    if not ranks.enabled:
+        return hw
+    if trainer.stream:
+        raise ConfigError(
+            "trainer.stream=true measures one process's loader (what sweep=loader compares);"
+            " under torchrun train by steps or epochs: trainer.stream=false"
+        )
+    if trainer.max_seconds is not None:
+        raise ConfigError(
+            f"trainer.max_seconds={trainer.max_seconds} under torchrun: each rank would stop on"
+            " its own clock, at a different step, and the others would wait for it forever in"
+            " the gradient all-reduce; use trainer.max_steps or trainer.epochs"
+        )
+    if trainer.get("abandon_below") is not None:
+        raise ConfigError(
+            f"trainer.abandon_below={trainer.abandon_below} under torchrun: each rank would"
+            " decide on its own figure whether to stop, and the others would wait for it forever"
+            " in the gradient all-reduce; leave it null (it is for sweep=loader's trials)"
+        )
+    if hw.is_cuda:
+        if ranks.local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"local rank {ranks.local_rank} has no GPU: {torch.cuda.device_count()} visible,"
+                f" {ranks.local_world_size} processes per node; use"
+                f" torchrun --nproc_per_node={torch.cuda.device_count()}"
+            )
+        torch.cuda.set_device(ranks.local_rank)
+        hw = dataclasses.replace(hw, device=torch.device("cuda", ranks.local_rank))
+    global _CONTROL
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if hw.is_cuda else "gloo")
+    # Flags that steer the loop (loader=autotune's switches) travel on the CPU: a gloo group
+    # beside NCCL, so no device sync is paid for them. Every rank creates it, in this order.
+    _CONTROL = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+    log.info(
+        "rank %d of %d (local %d of %d) on %s, backend %s",
+        ranks.rank,
+        ranks.world_size,
+        ranks.local_rank,
+        ranks.local_world_size,
+        hw.device,
+        dist.get_backend(),
+    )
+    return hw
+
+
+def workers_per_rank(num_workers: int, ranks: Ranks) -> int:
+    """The machine's ``num_workers`` split between the ranks on it (at least 1 if any)."""
+    if not ranks.enabled or num_workers == 0:
+        return num_workers
+    return max(1, num_workers // ranks.local_world_size)
+
+
+def shard(dataset, ranks: Ranks, shuffle: bool, seed: int, drop_last: bool) -> DistributedSampler:
+    """This rank's share of each epoch; ``set_epoch`` reshuffles, the same way on every rank."""
+    return DistributedSampler(
+        dataset,
+        num_replicas=ranks.world_size,
+        rank=ranks.rank,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=drop_last,
+    )
+
+
+def wrap(model: torch.nn.Module, ranks: Ranks, hw: Hardware) -> torch.nn.Module:
+    if not ranks.enabled:
+        return model
+    return torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[hw.device.index] if hw.is_cuda else None
+    )
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def gather(metrics: dict, ranks: Ranks) -> dict:
+    """Rank 0's metrics with the whole job's figures: samples/s summed over ranks, memory summed,
+    data wait and step times of the slowest rank, and each rank's own under ``ranks``."""
+    if not ranks.enabled:
+        return metrics
+    every: list[dict] = [{} for _ in range(ranks.world_size)]
+    dist.all_gather_object(every, metrics)
+    if not ranks.is_main:
+        return metrics
+    total = dict(metrics)
+    for key in (
+        "samples_per_sec",
+        "consumed_samples_per_sec",
+        "measured_samples",
+        "trained_samples",
+        "peak_pss_mb",
+        "peak_uss_mb",
+        "peak_processes",
+    ):
+        values = [m.get(key) for m in every]
+        total[key] = sum(values) if all(v is not None for v in values) else None
+    total["peak_shm_mb"] = shm_per_host(every)
+    for key in ("data_wait_frac", "step_time_p50_ms", "step_time_p90_ms", "first_batch_s"):
+        values = [m.get(key) for m in every if m.get(key) is not None]
+        total[key] = max(values) if values else None
+    total["world_size"] = ranks.world_size
+    total["ranks"] = [
+        {
+            k: m.get(k)
+            for k in ("samples_per_sec", "data_wait_frac", "measured_samples", "peak_pss_mb")
+        }
+        for m in every
+    ]
+    return total
+
+
+def shm_per_host(every: list[dict]) -> float | None:
+    """/dev/shm peak of the job: every rank reads its whole host's, so once per host (the
+    highest reading there), summed over hosts."""
+    per_host: dict[str, float] = {}
+    for m in every:
+        value = m.get("peak_shm_mb")
+        if value is None:
+            return None
+        host = (m.get("run") or {}).get("host", "")
+        per_host[host] = max(per_host.get(host, 0.0), value)
+    return sum(per_host.values())
+
+
+_CONTROL = None  # the gloo group of flag(), under NCCL
+
+
+def flag(value: bool, ranks: Ranks) -> bool:
+    """Rank 0's ``value`` on every rank: a one-integer broadcast on the CPU."""
+    if not ranks.enabled:
+        return value
+    box = torch.tensor([1 if value else 0], dtype=torch.int32)
+    dist.broadcast(box, src=0, group=_CONTROL)
+    return bool(box.item())
+
+
+def gather_all(value, ranks: Ranks) -> list:
+    """Every rank's ``value``, on every rank."""
+    if not ranks.enabled:
+        return [value]
+    every: list = [None] * ranks.world_size
+    dist.all_gather_object(every, value)
+    return every
+
+
+def barrier(ranks: Ranks) -> None:
+    if ranks.enabled:
+        dist.barrier()
+
+
+def broadcast(value, ranks: Ranks):
+    """Rank 0's ``value`` on every rank."""
+    if not ranks.enabled:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def teardown(ranks: Ranks) -> None:
+    if ranks.enabled and dist.is_initialized():
+        dist.destroy_process_group()

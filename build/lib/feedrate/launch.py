@@ -1,0 +1,509 @@
+"""One run: build everything from the composed config, train, measure, write the results.
+
+``train.py`` calls :func:`main`; notebooks and scripts call :func:`compose` and :func:`run`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import NoReturn
+
+import psutil
+import torch
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from feedrate import checkpoint, distributed, environment, hardware, provenance
+from feedrate.autotune import Tuner
+from feedrate.autotune import check as check_autotune
+from feedrate.autotune import summary as autotune_summary
+from feedrate.checks import validate
+from feedrate.errors import ConfigError, FeedrateError, Interrupted
+from feedrate.faults import LoaderFailure, diagnose
+from feedrate.files import atomic_write_text
+from feedrate.loader import skipped_samples
+from feedrate.metrics import finite, format_summary, summarise
+from feedrate.monitor import ResourceMonitor
+from feedrate.project import command, is_packaged, loader_dirs, packaged_config_dir, preset_dir
+from feedrate.stream import is_resumable, is_stream, length
+from feedrate.trainer import Checkpoints, TrainResult, planned_steps, train
+from feedrate.workload import (
+    Kept,
+    Workload,
+    build,
+    evaluate_held_out,
+    read_as_shares,
+    switch_loader,
+)
+
+log = logging.getLogger("feedrate")
+_DEFAULT_THREADS = torch.get_num_threads()  # PyTorch's choice for this process, at start
+
+
+def default_config_dir() -> Path:
+    """``$FEEDRATE_CONFIG_DIR``, or ``conf/`` here if it holds ``train.yaml`` (the checkout),
+    or feedrate's packaged configs (a project's own ``conf/`` then comes first on the
+    search path: :mod:`feedrate.project`)."""
+    env = os.environ.get("FEEDRATE_CONFIG_DIR")
+    if env:
+        return Path(env).resolve()
+    if (Path.cwd() / "conf" / "train.yaml").exists():
+        return Path.cwd() / "conf"
+    return packaged_config_dir()
+
+
+def compose(
+    overrides: list[str] | None = None,
+    config_dir: str | os.PathLike | None = None,
+    config_name: str = "train",
+) -> DictConfig:
+    """The config ``python train.py <overrides>`` would build, for notebooks and scripts.
+
+    >>> cfg = compose(["dataset=synthetic", "loader=notebook", "trainer.max_steps=50"])
+    """
+    directory = Path(config_dir).resolve() if config_dir else default_config_dir()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(directory)):
+        return hydra_compose(config_name=config_name, overrides=list(overrides or []))
+
+
+def _hydra() -> DictConfig | None:
+    return HydraConfig.get() if HydraConfig.initialized() else None
+
+
+def loader_preset_dirs() -> list[Path]:
+    """Where this run reads loader presets from: the project's, then the run's conf/."""
+    fallback = default_config_dir()
+    dirs = loader_dirs(_hydra(), fallback)
+    if _hydra() is None and is_packaged(fallback):  # feedrate.run() in a project
+        dirs.insert(0, Path.cwd() / "conf" / "loader")
+    return dirs
+
+
+def _preset_dir() -> Path:
+    """Where this run writes a preset (loader=autotune): the project's conf/loader/."""
+    found = preset_dir(_hydra()) if _hydra() is not None else None
+    if found is None and is_packaged(default_config_dir()):
+        return Path.cwd() / "conf" / "loader"
+    return found or default_config_dir() / "loader"
+
+
+def _output_dir(output_dir: str | os.PathLike | None) -> Path:
+    if output_dir is not None:
+        path = Path(output_dir)
+    elif HydraConfig.initialized():
+        path = Path(HydraConfig.get().runtime.output_dir)
+    else:
+        path = Path("outputs") / "api" / datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
+    path.mkdir(parents=True, exist_ok=True)
+    return path.resolve()
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every stage of a run shares: its config, ranks, machine and output directory."""
+
+    cfg: DictConfig
+    ranks: distributed.Ranks
+    fingerprint: hardware.Fingerprint
+    hw: hardware.Hardware
+    out: Path
+
+    @property
+    def checkpoint(self) -> Path:
+        return checkpoint.checkpoint_path(self.out, self.cfg.trainer)
+
+
+def run(
+    cfg: DictConfig, output_dir: str | os.PathLike | None = None, kept: Kept | None = None
+) -> dict:
+    """Build, train and measure as ``cfg`` says; write metrics.json; return the metrics.
+
+    Under ``torchrun`` every rank runs this; rank 0 writes the outputs (see
+    :mod:`feedrate.distributed`). ``kept``: a warm trial host's dataset and model.
+    """
+    with _opened(cfg, output_dir) as this:
+        saved = _checkpoint_to_continue(this)
+        work = build(cfg, this.hw, this.ranks, kept)
+        # the tuner's loader first: a stream's position is restored into it
+        tuner = _tuner(this, work, saved) if cfg.loader.autotune else None
+        resume = _restore(this, work, saved)
+        _write_environment(this)
+        result, monitor, skipped = _train_guarded(this, work, resume, tuner)
+        held_out = evaluate_held_out(work, cfg, this.hw)
+        return _write_metrics(this, work, result, monitor, held_out, skipped, tuner)
+
+
+def _tuner(run: Run, work: Workload, saved: dict | None) -> Tuner:
+    """``loader=autotune``'s tuner, its first candidate's loader in place: where a checkpoint
+    left the tuning, or a check of the preset measured here, or a new search."""
+    cfg, state = run.cfg, (saved or {}).get("autotune")
+    if is_stream(work.dataset) and run.ranks.enabled:
+        _check_even_stream(run, work)
+    here = provenance.Here.of(cfg, run.fingerprint, run.hw, _overrides())
+    directory = _preset_dir()
+    found = None
+    if state is None and cfg.trainer.autotune.from_preset:
+        found = provenance.measured_here(loader_preset_dirs(), here, run.hw.is_cuda)
+        found = distributed.broadcast(found, run.ranks)  # rank 0's files decide
+    tuner = Tuner(
+        cfg,
+        run.ranks,
+        lambda loader, seed: switch_loader(work, loader, cfg, run.hw, run.ranks, seed),
+        directory,
+        here=here,
+        measured_here=found,
+        state=state,
+        out_dir=run.out,
+    )
+    read_as_shares(work, tuner.shares, cfg)  # any worker count goes on from its position
+    tuner.build((saved or {}).get("step", 0))
+    return tuner
+
+
+def _check_even_stream(run: Run, work: Workload) -> None:
+    """Every rank asks rank 0 at every tuning step whether to switch, so every rank must
+    reach its stream's epoch end at the same step: the same number of samples on every
+    rank."""
+    sizes = distributed.gather_all(length(work.dataset), run.ranks)
+    if None in sizes or len(set(sizes)) > 1:
+        raise ConfigError(
+            f"loader=autotune under torchrun switches every rank's loader at the same step, and"
+            f" needs every rank to reach its stream's epoch end at the same step; the ranks'"
+            f" shares of"
+            f" {type(work.dataset).__qualname__} hold {sizes} samples. Tune with one process"
+            " (python train.py loader=autotune ...) and run the preset it writes under"
+            " torchrun, or give every rank the same number of samples"
+        )
+
+
+@contextlib.contextmanager
+def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[Run]:
+    """The ranks joined, the hardware resolved, one output directory, seeds and threads set;
+    the ranks leave at the end."""
+    ranks = distributed.from_env()
+    fingerprint = hardware.detect(cfg.dataset.get("root") or cfg.dataset.get("path"))
+    if ranks.is_main:
+        log.info("hardware fingerprint: %s", fingerprint.short())
+    resolved = hardware.resolve(cfg.hardware, fingerprint)
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    here = provenance.Here.of(cfg, fingerprint, resolved, _overrides())
+    # loader=auto becomes the preset it picks before anything reads the loader
+    provenance.settle(
+        cfg,
+        loader_preset_dirs(),
+        here,
+        resolved.is_cuda,
+        choices.get("loader"),
+        # None outside a Hydra app: then the keys that differ from auto's own
+        asked=provenance.asked_loader_keys(_overrides()) if HydraConfig.initialized() else None,
+        say=ranks.is_main,
+    )
+    validate(cfg)
+    if cfg.loader.autotune:
+        check_autotune(cfg)
+    hw = distributed.setup(ranks, resolved, cfg.trainer)
+    try:
+        # Every rank writes (if anything) where rank 0 does: ranks may start a second apart.
+        out = Path(distributed.broadcast(str(_output_dir(output_dir)), ranks))
+        log.info(
+            "device %s (hardware=%s): amp %s, channels_last %s, pinned %s",
+            *(hw.device, hw.name, hw.amp_dtype, hw.channels_last, hw.pin_memory),
+        )
+        torch.manual_seed(cfg.trainer.seed)
+        # The preset's share of the machine for training (split between the ranks on it, as
+        # its workers are), else the hardware profile's threads
+        threads = distributed.workers_per_rank(cfg.loader.main_threads or 0, ranks)
+        # Always set: a warm trial host must not keep the threads of the trial before
+        torch.set_num_threads(threads or cfg.hardware.torch_threads or _DEFAULT_THREADS)
+        torch.backends.cudnn.benchmark = hw.cudnn_benchmark
+        yield Run(cfg, ranks, fingerprint, hw, out)
+    finally:
+        distributed.teardown(ranks)
+
+
+def _checkpoint_to_continue(run: Run) -> dict | None:
+    """The checkpoint ``trainer.resume`` continues; a new run never overwrites one."""
+    trainer = run.cfg.trainer
+    saved = checkpoint.load(run.checkpoint) if trainer.resume else None
+    if saved is None and trainer.save_checkpoint and run.checkpoint.exists():
+        raise ConfigError(
+            f"{run.checkpoint} already holds a checkpoint: continue that run with"
+            " trainer.resume=true, or give this one its own hydra.run.dir (nothing was"
+            " overwritten)"
+        )
+    distributed.barrier(run.ranks)  # every rank has checked before rank 0 writes anything
+    return saved
+
+
+def _restore(run: Run, work: Workload, saved: dict | None) -> checkpoint.Position | None:
+    """The weights, optimizer and data position of ``saved``; the finished part's records
+    are kept beside the ones this run will write."""
+    if saved is None:
+        return None
+    total = planned_steps(run.cfg.trainer, work.loader)
+    weights = distributed.unwrap(work.model)
+    batch = work.loader.batch_size
+    resume = checkpoint.restore(saved, run.checkpoint, weights, work.optimizer, total, batch)
+    log.info("resuming from %s at step %d of %d", run.checkpoint, resume.step, total)
+    if is_stream(work.dataset):
+        _restore_stream(run, work, saved, resume)
+    for name in ("metrics", "environment"):
+        if run.ranks.is_main and (run.out / f"{name}.json").exists():
+            os.replace(run.out / f"{name}.json", run.out / f"{name}_until_step_{resume.step}.json")
+    return resume
+
+
+def _write_environment(run: Run) -> None:
+    if run.ranks.is_main:
+        env = environment.describe(run.fingerprint.as_dict())
+        atomic_write_text(run.out / "environment.json", json.dumps(env, indent=2) + "\n")
+
+
+def _restore_stream(run: Run, work: Workload, saved: dict, resume: checkpoint.Position) -> None:
+    """The stream goes on where it stopped if it can say where that was (docs/design.md,
+    "Streams"); otherwise its epoch starts again, and one line says so."""
+    state, why = None, f"{type(work.dataset).__qualname__} has no state_dict/load_state_dict"
+    if is_resumable(work.dataset) and run.cfg.trainer.stream:
+        why = "trainer.stream=true repeats the stream, which then has no position"
+    elif is_resumable(work.dataset):
+        state, why = checkpoint.stream_state(saved, run.checkpoint, _reader(run, work))
+    if state is not None:
+        work.loader.load_state_dict(state)
+        log.info(
+            "the stream goes on from its position at step %d (epoch %d)", resume.step, resume.epoch
+        )
+        return
+    log.warning(
+        "the stream's position is not restored (%s): epoch %d starts again from its first"
+        " sample, and the samples of it trained before the stop are trained on again",
+        why,
+        resume.epoch,
+    )
+
+
+def _reader(run: Run, work: Workload) -> checkpoint.Reader:
+    ranks = run.ranks
+    return checkpoint.Reader(ranks.rank, ranks.world_size, work.loader_args["num_workers"])
+
+
+def _train_guarded(
+    run: Run, work: Workload, resume: checkpoint.Position | None, tuner=None
+) -> tuple[TrainResult, ResourceMonitor, int]:
+    """Train under the memory guard and the Ctrl-C handler; a failure is diagnosed and named.
+    The trained state is saved before evaluation can fail."""
+    cfg, ranks = run.cfg, run.ranks
+    checkpoints = _checkpoints(run, work)
+    limit_gb = cfg.hardware.memory_limit_gb
+    machine_limit = limit_gb * 2**30 if limit_gb is not None else _default_memory_limit()
+    with (
+        ResourceMonitor(
+            interval_s=cfg.trainer.memory_sample_s,
+            # the machine's memory, shared by the ranks on it
+            limit_bytes=machine_limit / ranks.local_world_size,
+            explicit_limit=limit_gb is not None,
+            start_method=work.loader_args.get("multiprocessing_context"),
+            cpu_root=os.getppid() if ranks.enabled else None,
+        ) as monitor,
+        # Ctrl-C under torchrun reaches every rank at its own step: no clean stop there.
+        contextlib.nullcontext() if ranks.enabled else _interrupts_set(checkpoints.interrupt),
+    ):
+        try:
+            result = train(
+                model=work.model,
+                loader=work.loader,
+                optimizer=work.optimizer,
+                hw=run.hw,
+                cfg=cfg.trainer,
+                monitor=monitor,
+                normalise=work.normalise,
+                resume=resume,
+                checkpoints=checkpoints,
+                decode=work.decode,
+                preset_wait=provenance.preset_wait(
+                    cfg, provenance.Here.of(cfg, run.fingerprint, run.hw)
+                ),
+                tuner=tuner,
+            )
+        except Exception as exc:
+            _raise_named(exc, work, monitor)
+        except KeyboardInterrupt:  # a second Ctrl-C stops at once, but leaves no worker behind
+            work.loader.end_workers()
+            raise
+        skipped = skipped_samples(work.loader) + result.skipped
+        work.loader.end_workers()  # persistent ones too: inside the monitored window
+    if skipped:
+        log.warning("%d samples failed to load and were skipped <cfg.dataset.on_error>", skipped)
+    if checkpoints.save is not None:
+        checkpoints.save(result.position)
+    return result, monitor, skipped
+
+
+def _checkpoints(run: Run, work: Workload) -> Checkpoints:
+    trainer = run.cfg.trainer
+    batch_size = work.loader.batch_size
+
+    def save(position: checkpoint.Position) -> Path:
+        # each rank its stream's place (if it can say it); rank 0 the checkpoint
+        checkpoint.save_stream(run.checkpoint, _reader(run, work), position)
+        if not run.ranks.is_main:
+            return run.checkpoint
+        weights = distributed.unwrap(work.model)
+        return checkpoint.save(
+            run.checkpoint, weights, work.optimizer, position, run.cfg, batch_size
+        )
+
+    return Checkpoints(
+        save=save if trainer.save_checkpoint else None,
+        # on every rank: each pauses (and re-warms) while rank 0 saves
+        every=trainer.checkpoint_every if trainer.save_checkpoint else None,
+        interrupt=threading.Event(),
+        resume_hint=f"{command()} {' '.join(_overrides(run.out))} trainer.resume=true",
+    )
+
+
+def _raise_named(exc: Exception, work: Workload, monitor: ResourceMonitor) -> NoReturn:
+    """Raise ``exc`` as the failure it is (a worker killed, out of memory, /dev/shm full...)
+    when the diagnosis can name one."""
+    # The workers end first: a dead one's SIGCHLD would raise again inside this handler, and a
+    # live one left to the interpreter's exit would be terminated there, under PyTorch's SIGCHLD
+    # handler, which then prints a traceback (persistent workers outlive the iteration).
+    context = work.context
+    context.worker_exit_codes = work.loader.end_workers()
+    if isinstance(exc, (Interrupted, LoaderFailure)):  # they name their cause already
+        traceback.clear_frames(exc.__traceback__)  # frames hold the workers' iterator
+        raise exc
+    if monitor.tripped:  # the guard ended the workers: that is the cause
+        raise LoaderFailure(monitor.tripped) from exc
+    monitor.sample()
+    context.peak_pss_mb = monitor.peaks.pss_bytes / 2**20
+    named = diagnose(exc, context)
+    if named is None:
+        raise exc
+    raise named from exc
+
+
+def _write_metrics(
+    run: Run,
+    work: Workload,
+    result: TrainResult,
+    monitor: ResourceMonitor,
+    held_out: tuple[float | None, float | None],
+    skipped: int,
+    tuner=None,
+) -> dict:
+    """metrics.json: this rank's figures, gathered over the ranks, written by rank 0."""
+    hw, sample = run.hw, work.sample
+    record = {
+        "fingerprint": run.fingerprint.as_dict(),
+        "host": socket.gethostname(),
+        "device": str(hw.device),
+        "amp_dtype": str(hw.amp_dtype),
+        "channels_last": hw.channels_last,
+        "cudnn_benchmark": hw.cudnn_benchmark,
+        "non_blocking": hw.non_blocking,
+        "loader": work.loader_args,
+        "torch_threads": torch.get_num_threads(),
+        "dataset_len": length(work.dataset),
+        "sample_bytes": sample.element_size() * sample.nelement(),
+        "num_classes": work.num_classes,
+        "torch": torch.__version__,
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "overrides": _overrides(),
+    }
+    mine = summarise(
+        result,
+        monitor,
+        device=str(hw.device.type).upper(),
+        stream=run.cfg.trainer.stream,
+        held_out=held_out,
+        skipped=skipped,
+        run=record,
+    )
+    metrics = finite(distributed.gather(mine, run.ranks))
+    if tuner is not None and run.ranks.is_main:
+        metrics["autotune"] = finite(tuner.report(metrics.get("samples_per_sec")))
+        log.info("%s", autotune_summary(metrics["autotune"]))
+    if run.ranks.is_main:
+        path = run.out / "metrics.json"
+        atomic_write_text(path, json.dumps(metrics, indent=2) + "\n")
+        log.info("summary (%s)\n%s", path, format_summary(metrics))
+    distributed.barrier(run.ranks)
+    return metrics
+
+
+def _default_memory_limit() -> float:
+    """90% of what the run may use: memory still available, plus what it already holds."""
+    held = psutil.Process().memory_full_info()
+    return 0.9 * (hardware.available_memory() + getattr(held, "pss", held.rss))
+
+
+def _overrides(out: Path | None = None) -> list[str]:
+    """The command line's overrides; with ``out``, also the run dir that resuming needs."""
+    found = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    if out is not None:
+        found = [o for o in found if not o.startswith(("hydra.run.dir=", "trainer.resume="))]
+        found.insert(0, f"hydra.run.dir={out}")
+    return found
+
+
+@contextlib.contextmanager
+def _interrupts_set(event: threading.Event):
+    """While training, the first Ctrl-C sets ``event`` (the loop saves and stops after the
+    step it is in); a second one interrupts at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread; Ctrl-C then acts as usual
+        return
+
+    def handler(signum, frame):
+        event.set()
+        log.warning("Ctrl-C: stopping after this step (press it again to stop at once)")
+        signal.signal(signal.SIGINT, previous)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def main(cfg: DictConfig, kept: Kept | None = None) -> float:
+    """Entry point for ``train.py``: run, and return ``cfg.objective`` to a sweeper.
+
+    Errors a user can fix are printed as one message and exit with status 2, no traceback.
+    """
+    try:
+        metrics = run(cfg, kept=kept)
+    except FeedrateError as exc:
+        log.error("%s", exc)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        log.error(
+            "interrupted (Ctrl-C): stopped at once; checkpoints written before (every"
+            " trainer.checkpoint_every steps) are kept, and trainer.resume=true continues from"
+            " the last one"
+        )
+        code = 130
+    else:
+        return metrics[cfg.objective]
+    # Out of the except block, the failure's frames (its loader, workers and batches) are
+    # released before the exit: batches shared by file descriptor hold one open each, and
+    # Python's exit-time clean-up (multiprocessing's temporary directory) needs one free.
+    gc.collect()
+    sys.exit(code)

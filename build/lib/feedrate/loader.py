@@ -1,0 +1,309 @@
+"""The DataLoader, built from ``cfg.loader`` (plain data under the DataLoader's own names,
+and ``worker_threads``, which the workers' init function applies)."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import itertools
+import logging
+import multiprocessing.queues
+import multiprocessing.util
+import os
+import signal
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Iterator, Sized
+
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    get_worker_info,
+)
+from torch.utils.data._utils.collate import default_collate
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from feedrate.checks import check_picklable, start_method
+from feedrate.decode import is_encoded
+from feedrate.distributed import shard
+from feedrate.faults import SEND_FAILED, send_failure_exit
+from feedrate.hardware import Hardware, usable_cores
+from feedrate.stream import Repeated, is_resumable, is_stream
+
+log = logging.getLogger(__name__)
+
+# PyTorch warns whenever workers outnumber cores. That rule is wrong for samples that wait on
+# I/O (a sleeping worker holds no core), so feedrate replaces it with a measured view.
+warnings.filterwarnings(
+    "ignore", message=r"This DataLoader will create \d+ worker processes", category=UserWarning
+)
+
+
+def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
+    """DataLoader keyword arguments from ``cfg.loader``, resolved for this hardware."""
+    pin = hw.pin_memory if cfg.pin_memory is None else bool(cfg.pin_memory)
+    if pin and not hw.is_cuda:
+        # Asked for explicitly (off a GPU, the profile pins only when told to): say why it is off
+        key = "loader" if cfg.pin_memory else "hardware"
+        log.info("pin_memory disabled: no CUDA device <cfg.%s.pin_memory>", key)
+        pin = False
+    elif hw.is_cuda and hw.pin_memory and not pin:
+        log.info(
+            "pin_memory=false: host-to-device copies come from pageable memory and do not"
+            " overlap compute (loader.pin_memory=null follows the %s profile, which pins)"
+            " <cfg.loader.pin_memory>",
+            hw.name,
+        )
+    kwargs = {
+        "batch_size": cfg.batch_size,
+        "shuffle": cfg.shuffle,
+        "num_workers": cfg.num_workers,
+        "pin_memory": pin,
+        "drop_last": cfg.drop_last,
+        "timeout": cfg.timeout,
+        "persistent_workers": cfg.persistent_workers,
+    }
+    decode = getattr(cfg.get("decode"), "value", cfg.get("decode"))
+    if decode and decode != "cpu":
+        kwargs["decode"] = decode  # not the DataLoader's: the workload's (feedrate.decode)
+    if cfg.num_workers > 0:
+        kwargs["prefetch_factor"] = cfg.prefetch_factor  # None: PyTorch's default (2)
+        kwargs["multiprocessing_context"] = start_method(cfg)
+        kwargs["worker_threads"] = cfg.worker_threads  # not the DataLoader's: build_loader's
+    return kwargs
+
+
+class CountingCollate:
+    """``default_collate`` that counts what each worker produced (the rate workers sustain,
+    not the start-up backlog training eats at compute speed) and what ``dataset.on_error=skip``
+    dropped. One shared-memory row per worker and one for the main process: no locks."""
+
+    def __init__(self, num_workers: int, encoded: bool = False) -> None:
+        self.encoded = encoded  # loader.decode=device: images are JPEG bytes of any length
+        self.counts = torch.zeros(num_workers + 1, 2, dtype=torch.int64).share_memory_()
+
+    def __call__(self, batch: list) -> object:
+        kept = [b for b in batch if b is not None]
+        info = get_worker_info()
+        row = self.counts[info.id if info is not None else -1]
+        row[1] += len(batch) - len(kept)
+        if not kept:
+            return None  # every sample of this batch was skipped
+        if self.encoded and is_encoded(kept[0][0]):  # a list: the lengths differ
+            out = [x for x, _ in kept], default_collate([y for _, y in kept])
+        else:
+            out = default_collate(kept)
+        if info is not None:
+            row[0] += len(kept)
+        return out
+
+
+def produced_samples(loader: DataLoader) -> int | None:
+    """Samples the loader's workers have produced so far (None without workers)."""
+    collate = getattr(loader, "collate_fn", None)
+    if not isinstance(collate, CountingCollate) or len(collate.counts) == 1:
+        return None
+    return int(collate.counts[:-1, 0].sum())
+
+
+def skipped_samples(loader: DataLoader) -> int:
+    collate = getattr(loader, "collate_fn", None)
+    return int(collate.counts[:, 1].sum()) if isinstance(collate, CountingCollate) else 0
+
+
+def build_loader(
+    dataset: Dataset,
+    kwargs: dict,
+    seed: int,
+    stream: bool = False,
+    ranks=None,
+    worker_seed: int | None = None,
+) -> DataLoader:
+    """A DataLoader over ``dataset`` with ``kwargs`` from :func:`loader_kwargs`; under torchrun
+    (``ranks``), over this rank's shard. ``seed`` orders the samples; ``worker_seed`` (``seed``
+    if None) seeds the workers' random augmentations.
+
+    Refuses, before any worker starts, a dataset that its workers could not receive.
+    """
+    kwargs = dict(kwargs)
+    threads = kwargs.pop("worker_threads", None)
+    encoded = kwargs.pop("decode", None) == "device"
+    workers = kwargs["num_workers"]
+    if workers > 0:
+        check_picklable(dataset, kwargs["multiprocessing_context"])
+    cores = usable_cores()
+    if workers > cores:
+        log.info(
+            "num_workers=%d exceeds the %g usable cores <cfg.loader.num_workers>: right when"
+            " samples wait on I/O, oversubscribed when decoding is CPU-bound; data_wait_frac"
+            " and cpu_util in the summary tell which",
+            workers,
+            cores,
+        )
+    # the loader's own: workers' base seeds
+    generator = torch.Generator().manual_seed(seed if worker_seed is None else worker_seed)
+    init = functools.partial(_init_worker, threads=threads) if workers > 0 else None
+    if is_stream(dataset):  # it orders, shuffles and splits itself: no sampler, no shuffle
+        kwargs.pop("shuffle", None)
+        kind = _StatefulLoader if is_resumable(dataset) and not stream else _Loader
+        return kind(
+            Repeated(dataset) if stream else dataset,
+            generator=generator,
+            collate_fn=CountingCollate(workers, encoded),
+            worker_init_fn=init,
+            **kwargs,
+        )
+    # The shuffle's, apart: with persistent workers the loader draws a base seed once, without
+    # them at every epoch; the order must not depend on which, or a resumed run drifts.
+    shuffling = torch.Generator().manual_seed(seed)
+    if ranks is not None and ranks.enabled:
+        order = shard(dataset, ranks, kwargs["shuffle"], seed, kwargs["drop_last"])
+    elif stream:  # reshuffle forever: no epoch end while measuring (trainer.stream)
+        order = RandomSampler(dataset, num_samples=len(dataset) * 10_000, generator=shuffling)
+    elif kwargs["shuffle"]:
+        order = RandomSampler(dataset, generator=shuffling)
+    else:
+        order = SequentialSampler(dataset)
+    kwargs = {**kwargs, "shuffle": False, "sampler": ResumableSampler(order, shuffling)}
+    return _Loader(
+        dataset,
+        generator=generator,
+        collate_fn=CountingCollate(workers, encoded),
+        worker_init_fn=init,
+        **kwargs,
+    )
+
+
+class _Loader(DataLoader):
+    """A DataLoader whose workers are born deaf to Ctrl-C: SIGINT is ignored while it starts
+    them, so a ``spawn`` worker still importing torch is not killed by a terminal's Ctrl-C
+    (docs/troubleshooting.md, "Ctrl-C and the workers")."""
+
+    _latest: weakref.ref | None = None  # the latest iteration, while it lives
+
+    def __iter__(self):
+        restarting = self.persistent_workers and self._iterator is not None
+        if (
+            self.num_workers == 0
+            or restarting  # persistent workers are already running: none to start
+            or threading.current_thread() is not threading.main_thread()  # no say over signals
+            or signal.getsignal(signal.SIGINT) is None  # a handler Python cannot put back
+        ):
+            return self._remember(super().__iter__())
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return self._remember(super().__iter__())
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _remember(self, iterator):
+        self._latest = weakref.ref(iterator)
+        return iterator
+
+    def end_workers(self) -> list[int]:
+        """Stop the latest iteration's workers and return the exit codes of those that ended
+        (how a worker died can name the cause). PyTorch's SIGCHLD handler is silenced meanwhile:
+        a dead worker would otherwise raise "exited unexpectedly" inside the
+        failure's handling."""
+        iterator = self._latest() if self._latest is not None else None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is None:
+            return []
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL) if in_main else None
+        try:
+            shutdown()  # joins each worker (PyTorch's own end of an iteration)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGCHLD, previous)
+        return [w.exitcode for w in iterator._workers if w.exitcode is not None]
+
+
+class _StatefulLoader(_Loader, StatefulDataLoader):
+    """``_Loader`` over torchdata's ``StatefulDataLoader``: its ``state_dict`` holds each
+    worker's stream position, which a checkpoint keeps (docs/design.md, "Streams")."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated
+            warnings.filterwarnings("ignore", message=".*set_vital", category=UserWarning)
+            super().__init__(*args, **kwargs)
+
+
+def loader_state(loader: DataLoader) -> dict | None:
+    """Where a resumable stream's loader stands (its workers' positions), or None."""
+    return loader.state_dict() if hasattr(loader, "load_state_dict") else None
+
+
+class ResumableSampler(Sampler[int]):
+    """``order``, whose next pass can start ``skip`` indices in (to resume mid-epoch).
+
+    The indices skipped are never loaded: the pass draws the same order (from ``generator``,
+    whose state the caller restores) and drops its head.
+    """
+
+    def __init__(self, order: Sampler[int], generator: torch.Generator) -> None:
+        self.order = order
+        self.generator = generator
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self.skip = self.skip, 0
+        return itertools.islice(iter(self.order), skip, None)
+
+    def __len__(self) -> int:
+        assert isinstance(self.order, Sized)
+        return len(self.order)
+
+
+def _init_worker(worker_id: int, threads: int | None = None) -> None:
+    """In each worker: its intra-op threads (``loader.worker_threads``; PyTorch's 1 if None),
+    Ctrl-C ignored, and an exit with a code naming the cause when a batch cannot be sent,
+    which plain PyTorch would wait for forever (docs/design.md, "When a worker cannot send")."""
+    if threads:
+        torch.set_num_threads(threads)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # born so (_Loader); a foreign start may not be
+    reporting = threading.Lock()
+
+    def fail(exc: BaseException) -> None:
+        reporting.acquire()  # the other thread, failing too, waits here for the exit
+        code = SEND_FAILED
+        try:
+            code = send_failure_exit(exc)
+            cause = os.strerror(code) if code != SEND_FAILED else ""
+            line = f"{type(exc).__name__}: {exc}"
+            line += f" ({cause})" if cause and cause not in line else ""
+            os.write(2, f"DataLoader worker {worker_id}: {line}\n".encode())
+        except BaseException:  # stderr gone, say: exit all the same
+            pass
+        finally:
+            os._exit(code)  # whatever happened above: a worker left alive hangs the run
+
+    queue_error = multiprocessing.queues.Queue._on_queue_feeder_error
+
+    def feeder_error(exc: BaseException, obj: object) -> None:
+        if isinstance(obj, tuple) and len(obj) == 2:  # (index, batch): the loader's own queue
+            fail(exc)
+        queue_error(exc, obj)  # a queue of the dataset's own: as before
+
+    multiprocessing.queues.Queue._on_queue_feeder_error = staticmethod(feeder_error)
+    sys.excepthook = lambda kind, exc, tb: fail(exc)  # multiprocessing's fd-sharing thread
+    # A worker that shares batches by descriptor makes a temporary directory for the sharer's
+    # socket, removed at its exit. A worker at its descriptor limit (the run already said so,
+    # once) cannot list it to remove it: multiprocessing would print a traceback per worker.
+    remove_temp_dir = multiprocessing.util._remove_temp_dir
+
+    def remove_or_leave(rmtree, tempdir):
+        try:
+            remove_temp_dir(rmtree, tempdir)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+
+    multiprocessing.util._remove_temp_dir = remove_or_leave

@@ -1,0 +1,100 @@
+"""When is one configuration faster than another? Only when the interval of the ratio says so.
+
+Two runs of the same settings differ by several percent on a shared machine, so a ratio of two
+figures is no verdict by itself. A comparison takes alternating rounds of both sides, and the
+rounds are paired: both sides of one round ran minutes apart on the same machine, so what
+disturbed one round (a neighbour, the page cache) disturbed both. The per-round log-ratios
+carry the evidence; their mean gives the ratio (a geometric mean of the rounds' ratios) and a
+Student t interval (docs/design.md, "When one configuration is faster than another"). A win or
+a loss needs at least ``MIN_ROUNDS`` paired rounds and an interval that excludes 1.0; anything
+else is a tie. When several contestants are compared at once the caller widens the interval
+(``confidence``): see :func:`feedrate.sweep.decide.decide`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+MIN_ROUNDS = 3  # fewer paired rounds than this: no claim either way
+CONFIDENCE = 0.95
+WIN, LOSS, TIE = "win", "loss", "tie"
+
+Rounds = Mapping[int, float] | Sequence[float | None]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``a`` against ``b``: the ratio (geometric mean of the paired rounds') and its interval."""
+
+    ratio: float
+    low: float
+    high: float
+    rounds: tuple[int, int]  # paired rounds (the same count for both sides)
+    p_value: float = 1.0  # paired t test on the log-ratios, two-sided
+    confidence: float = CONFIDENCE
+
+    @property
+    def verdict(self) -> str:
+        if min(self.rounds) < MIN_ROUNDS:
+            return TIE
+        if self.low > 1.0:
+            return WIN
+        if self.high < 1.0:
+            return LOSS
+        return TIE
+
+    def describe(self) -> str:
+        """``1.23x [1.10, 1.31] win`` or ``0.98x [0.91, 1.06] tie within noise``."""
+        text = f"{self.ratio:.2f}x [{self.low:.2f}, {self.high:.2f}]"
+        if self.verdict != TIE:
+            return f"{text} {self.verdict}"
+        if min(self.rounds) < MIN_ROUNDS:
+            return f"{text} no claim ({min(self.rounds)} rounds, {MIN_ROUNDS} needed)"
+        return f"{text} tie within noise"
+
+    def within(self, margin: float) -> bool:
+        """The whole interval lies within ``margin`` of 1: equal for practical purposes."""
+        return min(self.rounds) >= MIN_ROUNDS and self.low >= 1 - margin and self.high <= 1 + margin
+
+    def as_dict(self) -> dict:
+        return {
+            "ratio": self.ratio,
+            "low": self.low,
+            "high": self.high,
+            "rounds": list(self.rounds),
+            "p_value": self.p_value,
+            "confidence": self.confidence,
+            "verdict": self.verdict,
+        }
+
+
+def _by_round(values: Rounds) -> dict[int, float]:
+    if isinstance(values, Mapping):
+        return {int(k): float(v) for k, v in values.items() if v is not None}
+    return {i: float(v) for i, v in enumerate(values) if v is not None}
+
+
+def compare(a: Rounds, b: Rounds, confidence: float = CONFIDENCE) -> Comparison | None:
+    """``a`` against ``b``, samples/s per round: a mapping round -> figure, or a list whose
+    index is the round (None where that side has no figure). Only rounds with a figure on
+    both sides count. None when there is no such round."""
+    mine, theirs = _by_round(a), _by_round(b)
+    common = sorted(r for r in mine if r in theirs and mine[r] > 0 and theirs[r] > 0)
+    if not common:
+        return None
+    logs = np.log([mine[r] / theirs[r] for r in common])
+    n, mean = len(logs), float(np.mean(logs))
+    ratio = math.exp(mean)
+    if n < 2:
+        return Comparison(ratio, ratio, ratio, (n, n), 1.0, confidence)
+    se = float(np.std(logs, ddof=1)) / math.sqrt(n)
+    if se == 0.0:  # every round gave the same ratio: the interval is that ratio
+        return Comparison(ratio, ratio, ratio, (n, n), 0.0 if mean else 1.0, confidence)
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * se
+    p = 2.0 * float(stats.t.sf(abs(mean) / se, n - 1))
+    return Comparison(ratio, math.exp(mean - half), math.exp(mean + half), (n, n), p, confidence)

@@ -1,0 +1,419 @@
+"""A warm trial host: one process runs many sweep trials, so start-up is paid once.
+
+A fresh ``python train.py`` per trial costs about 6 s here (13-20 s with ResNet-50 on an H200)
+for a 2-3 s window. A host imports torch and Hydra once, builds the dataset and the model once,
+keeps the device, the CUDA context and cuDNN's autotuning, and runs each trial as Hydra runs a
+job: the trial's own composed config, output directory and ``.hydra/``, a new DataLoader (new
+workers), a new optimizer. Between trials it puts back everything a trial can change; the list
+is in docs/design.md ("The warm trial host"), and each item has a test.
+
+The sweep side is :class:`Host`, a trial runner like :class:`feedrate.sweep.trial.Fresh`. A
+trial that fails, hangs or leaks a thread retires its host: the next trial gets a new one. So
+does one whose config changes what the host built (:func:`built_key`).
+
+The host side is ``python -m feedrate.sweep.host CONFIG_DIR CONFIG_NAME``: one JSON job a line
+on stdin, one JSON answer a line on the file descriptor in ``$FEEDRATE_HOST_FD``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import gc
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from feedrate.sweep.trial import (
+    FAILED,
+    Fresh,
+    Runner,
+    TrialResult,
+    conf_dir,
+    descendants,
+    die_with_parent,
+    kill_group,
+    read_result,
+    reap,
+    reason_for,
+    remove_dead_shm,
+)
+
+log = logging.getLogger(__name__)
+
+DONE, REBUILD = "done", "rebuild"  # the host's answers besides a failure's exit status
+_FD_VAR = "FEEDRATE_HOST_FD"
+
+
+def built_key(cfg: DictConfig) -> str:
+    """What a host builds once and keeps: a trial whose key differs gets a new host. The
+    dataset, the model, the hardware profile, and the loader keys that shape them (the batch
+    size sizes nothing built, but a host keeps the sample batches of one size warm; decode
+    changes the dataset)."""
+    loader = cfg.loader
+    kept = {
+        "dataset": cfg.dataset,
+        "model": cfg.model,
+        "hardware": cfg.hardware,
+        "batch_size": loader.batch_size,
+        "decode": getattr(loader.get("decode"), "value", loader.get("decode")),
+        "seed": cfg.trainer.seed,
+        "val_fraction": cfg.trainer.val_fraction,
+    }
+    return OmegaConf.to_yaml(OmegaConf.create(kept))
+
+
+# -- the sweep's side ----------------------------------------------------------------------
+
+
+class Host:
+    """The sweep's handle on one host process, started on the first trial. Call it as a
+    trial runner: ``host(overrides, job_dir, timeout_s, objective) -> TrialResult``."""
+
+    def __init__(
+        self,
+        config_dir: str | os.PathLike,
+        config_name: str,
+        log_path: Path,
+        script_dir: str | os.PathLike | None = None,
+    ) -> None:
+        self.config_dir, self.config_name = str(config_dir), config_name
+        self.log_path = Path(log_path)
+        # first on the host's sys.path, as train.py's folder is for `python train.py`
+        self.script_dir = str(script_dir) if script_dir is not None else None
+        self.proc: subprocess.Popen | None = None
+        self._answers: int | None = None  # the read end of the answer pipe
+        self._buffer = b""
+        self.trials = 0  # trials this process ran
+        self.started = 0  # processes started
+        self.pids: set[int] = set()  # the host's and its workers', for /dev/shm clean-up
+
+    def __call__(
+        self,
+        overrides: list[str],
+        job_dir: str | os.PathLike,
+        timeout_s: float,
+        objective: str = "samples_per_sec",
+    ) -> TrialResult:
+        job_dir = Path(job_dir)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        try:
+            answer = self._ask(overrides, job_dir, timeout_s, t0)
+            if answer.get("status") == REBUILD:  # built for another workload: start afresh
+                log.info("trial host: %s; starting a new one", answer["why"])
+                self.close()
+                answer = self._ask(overrides, job_dir, timeout_s, t0)
+        except KeyboardInterrupt:
+            self.close()  # the trial ends with the sweep now, not at the interpreter's exit
+            raise
+        duration = time.perf_counter() - t0
+        if answer.get("status") == DONE:
+            self.trials += 1
+            result = read_result(job_dir, 0, overrides, duration, objective)
+            if answer.get("leaked"):  # a trial left state the host cannot reset: retire it
+                log.warning("trial host retired: %s", answer["leaked"])
+                self.close()
+            elif not result.ok:  # it ran, but measured nothing usable: start afresh too
+                self.close()
+        else:
+            result = TrialResult(list(overrides), FAILED, duration_s=duration, job_dir=str(job_dir))
+            result.reason = answer["reason"]
+            result.save()
+            self.close()  # a failed trial gets a new host: whatever broke stays with this one
+        remove_dead_shm(self.pids)
+        return result
+
+    def _ask(self, overrides: list[str], job_dir: Path, timeout_s: float, t0: float) -> dict:
+        """Send one job and wait for its answer; a host that dies or runs out of time is
+        killed and the answer says why, as a fresh trial's would."""
+        self.start()
+        job = {"overrides": list(overrides), "job_dir": str(job_dir)}
+        try:
+            self.proc.stdin.write((json.dumps(job) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died: poll() below says how
+        while True:
+            line = self._read_line(0.5)
+            if line is not None:
+                return json.loads(line)
+            self.pids |= descendants(self.proc.pid)
+            returncode = self.proc.poll()
+            if returncode is not None:
+                self.close()
+                log_text = _read_text(job_dir / "trial.log")
+                return {"reason": "trial host died: " + reason_for(returncode, log_text)}
+            if time.perf_counter() - t0 > timeout_s:
+                self.close()
+                return {"reason": f"timed out after {timeout_s:g} s; trial host killed"}
+
+    def _read_line(self, wait_s: float) -> str | None:
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([self._answers], [], [], wait_s)
+            if not ready:
+                return None
+            chunk = os.read(self._answers, 65536)
+            if not chunk:  # the host closed its end: it is exiting
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+    def start(self) -> None:
+        """Start the host process, unless it is running; it imports while nothing waits."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self.close()
+        read_end, write_end = os.pipe()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, _FD_VAR: str(write_end)}
+        if self.script_dir is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [self.script_dir, env.get("PYTHONPATH")])
+            )
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "feedrate.sweep.host", self.config_dir, self.config_name],
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_end,),
+                env=env,
+                start_new_session=True,  # its workers too: killed as one group
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            )
+        os.close(write_end)
+        self._answers, self._buffer = read_end, b""
+        self.pids.add(self.proc.pid)
+        self.started += 1
+        self.trials = 0
+
+    def close(self) -> None:
+        """End the host and everything it started; remove the /dev/shm segments they left."""
+        if self.proc is not None:
+            kill_group(self.proc.pid)
+            self.proc.wait()
+            reap(self.pids)  # its workers: no longer its children, they end on their own
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            self.proc = None
+        if self._answers is not None:
+            os.close(self._answers)
+            self._answers = None
+        remove_dead_shm(self.pids)
+
+
+class HostPool:
+    """The sweep's hosts by name (``search``, one per final contestant), ended at exit."""
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, Host] = {}
+        atexit.register(self.close_all)
+
+    def get(self, name: str, config_dir: str | os.PathLike, config_name: str, logs: Path) -> Host:
+        if name not in self.hosts:
+            script_dir = Path(sys.argv[0]).resolve().parent  # train.py's, for `python train.py`
+            log_path = logs / f"host_{name}.log"
+            self.hosts[name] = Host(config_dir, config_name, log_path, script_dir)
+        return self.hosts[name]
+
+    def rename(self, old: str, new: str) -> None:
+        """Hand a warm host on (the search's to the first final contestant)."""
+        if old in self.hosts and new not in self.hosts:
+            self.hosts[new] = self.hosts.pop(old)
+
+    def close_all(self, but: str | None = None) -> None:
+        """End every host, or every one but ``but``."""
+        for name in [n for n in self.hosts if n != but]:
+            self.hosts.pop(name).close()
+
+
+POOL = HostPool()
+
+
+def runner_for(config: DictConfig, name: str) -> Runner:
+    """The trial runner for the sweep's ``name`` (``search``, or a final contestant's): its
+    warm host, or with ``hydra.launcher.warm=false`` a fresh process per trial."""
+    if not config.hydra.launcher.get("warm", True):
+        return Fresh(Path(sys.argv[0]).resolve())
+    logs = Path(config.hydra.sweep.dir) / "hosts"
+    return POOL.get(name, conf_dir(config), config.hydra.job.config_name, logs)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+# -- the host's side -----------------------------------------------------------------------
+
+
+class TrialHost:
+    """Runs trials in this process, one after another, each as a fresh ``python train.py``
+    would, and puts back what a trial changed (docs/design.md, "The warm trial host")."""
+
+    def __init__(self, config_dir: str, config_name: str) -> None:
+        from hydra import initialize_config_dir
+
+        import feedrate.launch  # noqa: F401 - torch, and the config schemas Hydra composes with
+        from feedrate.workload import Kept
+
+        self.config_name = config_name
+        # Hydra's compose API, as train.py's @hydra.main would compose: once per process
+        self._hydra = initialize_config_dir(config_dir, job_name="train")
+        self._hydra.__enter__()
+        self.kept = Kept()
+        self.key: str | None = None
+        self.signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.signals[signal.SIGCHLD] = signal.getsignal(signal.SIGCHLD)
+        self.threads = {t.ident for t in threading.enumerate()}
+
+    def close(self) -> None:
+        self._hydra.__exit__(None, None, None)
+
+    def run(self, overrides: list[str], job_dir: str) -> dict:
+        """One trial; the answer: ``done``, ``rebuild`` (another workload) or a failure."""
+        from hydra import compose
+        from hydra.core.utils import JobStatus, run_job
+        from hydra.types import HydraContext
+
+        config = compose(
+            self.config_name,
+            [*overrides, f"hydra.run.dir={job_dir}"],
+            return_hydra_config=True,
+        )
+        key = built_key(config)
+        if self.key is not None and key != self.key:
+            return {"status": REBUILD, "why": _key_change(self.key, key)}
+        self.key = key
+        outcome: dict = {}
+        with _output_to(Path(job_dir) / "trial.log"):
+            ret = run_job(
+                task_function=functools.partial(self._task, outcome=outcome),
+                config=config,
+                job_dir_key="hydra.run.dir",
+                job_subdir_key=None,
+                hydra_context=HydraContext(config_loader=None, callbacks=_callbacks(config)),
+            )
+            if ret.status == JobStatus.FAILED:  # raised past the task: a fresh run would die
+                outcome.setdefault("returncode", 1)
+                logging.getLogger("feedrate").error("%r", ret._return_value)
+        self.reset()
+        if outcome.get("returncode", 1) != 0:
+            log_text = _read_text(Path(job_dir) / "trial.log")
+            return {"reason": reason_for(outcome.get("returncode", 1), log_text)}
+        return {"status": DONE, "leaked": self.leaked()}
+
+    def _task(self, cfg: DictConfig, outcome: dict) -> None:
+        """What ``feedrate.launch.main`` does in a fresh process; the exit status is recorded."""
+        from feedrate import launch
+
+        try:
+            launch.main(cfg, kept=self.kept)
+            outcome["returncode"] = 0
+        except SystemExit as exc:  # launch.main ends a named failure with its exit status
+            outcome["returncode"] = exc.code if isinstance(exc.code, int) else 1
+
+    def reset(self) -> None:
+        """Put back what the trial may have changed that the next trial's own start does not
+        set again (docs/design.md, "The warm trial host")."""
+        import torch
+        import torch.utils.data._utils.signal_handling as torch_signals
+
+        for sig, handler in self.signals.items():
+            signal.signal(sig, handler)
+        # PyTorch installs its SIGCHLD handler once per process: again for the next trial
+        torch_signals._SIGCHLD_handler_set = False
+        gc.collect()  # the trial's loader, optimizer and batches
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            torch._C._host_emptyCache()  # the pinned-memory cache
+
+    def leaked(self) -> str:
+        """Threads the trial started and left running: state no reset undoes. tqdm's monitor
+        is one per process by design (it watches every bar), as in any run with a bar."""
+        from tqdm import TMonitor
+
+        def left() -> list[str]:
+            return [
+                t.name
+                for t in threading.enumerate()
+                if t.ident not in self.threads and not isinstance(t, TMonitor)
+            ]
+
+        deadline = time.monotonic() + 2.0
+        while left() and time.monotonic() < deadline:  # a monitor thread may still be ending
+            time.sleep(0.05)
+        return f"threads left running: {', '.join(left())}" if left() else ""
+
+
+def _key_change(old: str, new: str) -> str:
+    before = OmegaConf.to_container(OmegaConf.create(old))
+    after = OmegaConf.to_container(OmegaConf.create(new))
+    changed = [k for k in after if before.get(k) != after[k]]
+    return f"this trial changes {', '.join(changed)}, which the host built"
+
+
+def _callbacks(config: DictConfig):
+    """Hydra's callbacks of the run, as ``python train.py`` would call them per job."""
+    from hydra._internal.callbacks import Callbacks  # what run_job expects; no public one
+
+    return Callbacks(config)
+
+
+class _output_to:
+    """Point this process's stdout and stderr (and so its workers') at ``path`` for a trial:
+    the trial's log is what a fresh process would have printed. Python's own ``sys.stdout``
+    and ``sys.stderr`` too, which the job's logging binds to, wherever they pointed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved = os.dup(1), os.dup(2)
+        self.streams = sys.stdout, sys.stderr
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        sys.stdout = open(os.dup(1), "w", buffering=1)  # noqa: SIM115 - closed on exit
+        sys.stderr = open(os.dup(2), "w", buffering=1)  # noqa: SIM115
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stdout.close()
+        sys.stderr.close()
+        sys.stdout, sys.stderr = self.streams
+        for target, fd in zip((1, 2), self.saved, strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
+
+
+def serve(config_dir: str, config_name: str) -> None:
+    """The host's loop: a job a line on stdin, an answer a line on ``$FEEDRATE_HOST_FD``."""
+    answers = int(os.environ[_FD_VAR])
+    host = TrialHost(config_dir, config_name)
+    for line in sys.stdin:
+        job = json.loads(line)
+        answer = host.run(job["overrides"], job["job_dir"])
+        os.write(answers, (json.dumps(answer) + "\n").encode())
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.argv[2])

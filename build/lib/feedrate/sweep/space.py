@@ -1,0 +1,297 @@
+"""What the loader sweep searches: bounds from the hardware fingerprint (not capped at the
+core count: a worker waiting on I/O holds no core), the seeds tried first, conditional
+parameters, and the checks a sweep's command line gets before anything runs."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing
+from typing import TYPE_CHECKING, Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from feedrate import hardware, stats
+from feedrate.checks import unpicklable
+from feedrate.dataset import build_dataset
+from feedrate.errors import ConfigError
+
+if TYPE_CHECKING:  # optuna takes a second to import; trial processes load this module too
+    import optuna
+
+log = logging.getLogger(__name__)
+
+
+def max_workers(cfg: DictConfig) -> int:
+    """Upper bound for ``num_workers``: not the core count.
+
+    A worker blocked on storage or network latency holds no core, so latency-bound data keeps
+    scaling far past the cores (the sleep-10-ms dataset on 2 cores peaks at 32+ workers). The
+    memory guard, not this bound, keeps a large count from running the machine out of memory.
+    """
+    bound = cfg.sweep.max_workers or int(min(256, max(64, 8 * hardware.usable_cores())))
+    shards = shard_count(cfg)
+    if shards is not None and shards < bound:
+        _warn_once(
+            f"num_workers searched up to {shards}, the stream's shard count: a stream splits"
+            f" by shard, so a worker past the {shards}th has none to read <cfg.dataset>"
+        )
+        return shards
+    return bound
+
+
+def shard_count(cfg: DictConfig) -> int | None:
+    """The shards a stream splits its work by (``dataset.n_shards``, or the built dataset's
+    ``num_shards``), or None: no such bound."""
+    dataset = cfg.get("dataset")
+    if not dataset or "_target_" not in dataset:
+        return None
+    if dataset.get("n_shards"):
+        return int(dataset.n_shards)
+    if str(dataset._target_).startswith("feedrate."):  # its shards, if any, are in the config
+        return None
+    return _shards(OmegaConf.to_yaml(dataset))  # a user's dataset may say num_shards
+
+
+@functools.lru_cache(maxsize=8)
+def _shards(dataset_yaml: str) -> int | None:
+    shards = getattr(build_dataset(OmegaConf.create(dataset_yaml)), "num_shards", None)
+    return shards if isinstance(shards, int) and shards > 0 else None
+
+
+SEED_LADDER = (1, 4, 16)  # the first trials' num_workers, in multiples of the cores
+
+
+def seed_workers(cfg: DictConfig) -> list[int]:
+    """The worker counts a new study tries first: the core count (what CPU-capped tuners
+    pick) and rungs far past it, where latency-bound data peaks (32 workers on 2 cores for the
+    10 ms dataset); ``sweep.max_workers`` bounds them too."""
+    cores = max(1, int(hardware.usable_cores()))
+    top = max_workers(cfg)
+    return sorted({min(top, k * cores) for k in SEED_LADDER})
+
+
+FALLING = 0.95  # a seed below this share of the best is clearly slower, not noise
+
+
+def worker_bound(
+    seeds: list[int], best_at: dict[int, float], loader_falls_at: int | None = None
+) -> tuple[int, str] | None:
+    """The most workers still worth searching, and why; None while the seeds do not show it.
+
+    ``best_at``: the best figure measured at each worker count so far. When every seed above
+    the best trial's worker count ran and is clearly slower than it (below ``FALLING``), the
+    rate falls past them: decoding that competes for the cores (photos on 2 cores: 644
+    samples/s at 2 workers, 570 at 8, 567 at 32, a 46-worker trial no better than 7 workers
+    and 50 s of start-up a run). Counts past the first such seed are then not searched.
+    The first seed above the best is enough when the loader alone fell there too
+    (``loader_falls_at``, from the ceiling's loader-only runs): two measurements, not one
+    noisy run, say the rate falls, and the seeds past it are not run (photos: 25 s)."""
+    if not best_at:
+        return None
+    best_workers = max(best_at, key=lambda n: best_at[n])
+    best = best_at[best_workers]
+    above = [n for n in sorted(set(seeds)) if n > best_workers]
+    falling = [n for n in above if n in best_at and best_at[n] < FALLING * best]
+    if not above or above[0] not in falling:
+        return None
+    if len(falling) < len(above) and (loader_falls_at is None or loader_falls_at > above[0]):
+        return None
+    shown = ", ".join(f"{n} workers {best_at[n]:,.0f}" for n in falling)
+    also = " and so is the loader alone" if len(falling) < len(above) else ""
+    return above[0], (
+        f"the seeds past {best_workers} workers ({best:,.0f} samples/s) are clearly slower"
+        f" ({shown}){also}, so no more than {above[0]} workers are searched"
+    )
+
+
+def seed_settings(cfg: DictConfig) -> dict[str, Any]:
+    """What the seeds share, so they differ in the worker count alone: the loader the sweep
+    started from (prefetch 2 where it sets none) and its start method, pinned as the hardware
+    profile says. Left to chance, one seed ran unpinned on an H200 and won a noisy search run."""
+    loader, methods = cfg.loader, start_methods(cfg)
+    out: dict[str, Any] = {"loader.prefetch_factor": min(8, loader.prefetch_factor or 2)}
+    if not cfg.trainer.stream:
+        out["loader.persistent_workers"] = bool(loader.persistent_workers)
+    context = loader.multiprocessing_context
+    out["loader.multiprocessing_context"] = context if context in methods else methods[0]
+    if torch.cuda.is_available():
+        out["loader.pin_memory"] = bool(cfg.hardware.pin_memory)
+    return out
+
+
+def start_methods(cfg: DictConfig) -> list[str]:
+    """The start methods to search: those in ``sweep.start_methods`` that this OS has.
+
+    The start method changes start-up cost (a spawned worker imports torch and unpickles the
+    dataset), not steady-state throughput, so by default only the platform's own is searched;
+    ``sweep.start_methods=[fork,forkserver,spawn]`` adds the others.
+    """
+    available = multiprocessing.get_all_start_methods()
+    wanted = list(cfg.sweep.start_methods) or [multiprocessing.get_start_method()]
+    methods = [m for m in wanted if m in available]
+    if "fork" in available and any(m != "fork" for m in methods):
+        found = _unpicklable(OmegaConf.to_yaml(cfg.dataset))
+        if found is not None:
+            dropped = [m for m in methods if m != "fork"]
+            methods = ["fork"]
+            _warn_once(
+                f"dataset is not picklable ({found} cannot be pickled):"
+                f" {', '.join(dropped)} workers could not receive it, so the search drops"
+                " those start methods and runs fork trials only <cfg.sweep.start_methods>"
+            )
+    return methods or [multiprocessing.get_start_method()]
+
+
+@functools.lru_cache(maxsize=8)
+def _unpicklable(dataset_yaml: str) -> str | None:
+    """What keeps the dataset from pickling (``dataset.index.lock: _thread.lock``), or None;
+    once per dataset config, since the search space asks at every trial."""
+    return unpicklable(build_dataset(OmegaConf.create(dataset_yaml)))
+
+
+@functools.lru_cache(maxsize=32)
+def _warn_once(message: str) -> None:
+    log.warning("%s", message)
+
+
+def loader_search_space(cfg: DictConfig, trial: optuna.trial.Trial) -> None:
+    """Suggest the loader's parameters for one trial (``hydra.sweeper.custom_search_space``).
+
+    ``num_workers`` is log-uniform from 1 to :func:`max_workers`; the worker-only parameters are
+    always suggested with it, so every trial states them all and none is inherited from the
+    preset the sweep started from (the thread counts, when not searched, are). ``num_workers=0``
+    is PyTorch's default, measured as a baseline. ``pin_memory`` is searched only when there is
+    a CUDA device to pin for; the threads only where :func:`search_threads` says.
+    """
+    trial.suggest_int("loader.num_workers", 1, max_workers(cfg), log=True)
+    trial.suggest_int("loader.prefetch_factor", 1, 8, log=True)
+    if not cfg.trainer.stream:  # streaming has no epoch ends, where persistence pays off
+        trial.suggest_categorical("loader.persistent_workers", [True, False])
+    context = trial.suggest_categorical("loader.multiprocessing_context", start_methods(cfg))
+    if torch.cuda.is_available():
+        trial.suggest_categorical("loader.pin_memory", [True, False])
+    # decode placement is built into the workload: a trial's, not a running loader's
+    if cfg.sweep.get("search_decode", True) and search_decode(cfg):
+        trial.suggest_categorical("loader.decode", ["cpu", "device"])
+    if cfg.sweep.tune_batch_size:
+        trial.suggest_categorical("loader.batch_size", list(cfg.sweep.batch_sizes))
+    if search_threads(cfg):
+        trial.suggest_int("loader.main_threads", 1, max_threads(), log=True)
+        if context != "fork":  # forked workers hang on more than one thread: checks.py
+            trial.suggest_int("loader.worker_threads", 1, max_threads(), log=True)
+
+
+# Datasets whose workers can hand over JPEG bytes (feedrate.decode.bytes_only)
+BYTES_DATASETS = (
+    "feedrate.dataset.build_photos",
+    "feedrate.dataset.build_image_folder",
+    "feedrate.stream.build_webdataset",
+)
+
+
+def search_decode(cfg: DictConfig) -> bool:
+    """Search where JPEGs are decoded? With a GPU to decode them on, for datasets of JPEGs."""
+    dataset = cfg.get("dataset") or {}
+    return torch.cuda.is_available() and dataset.get("_target_") in BYTES_DATASETS
+
+
+def max_threads() -> int:
+    """Upper bound of the thread counts searched: the usable cores, or PyTorch's own default
+    where that is more (it counts the machine's cores, not this job's share)."""
+    return max(1, int(hardware.usable_cores()), torch.get_num_threads())
+
+
+def default_threads() -> dict[str, int]:
+    """PyTorch's thread counts: one a worker, its default in the main process
+    (``OMP_NUM_THREADS`` if set)."""
+    return {"loader.worker_threads": 1, "loader.main_threads": torch.get_num_threads()}
+
+
+def search_threads(cfg: DictConfig) -> bool:
+    """Search the workers' and the main process's threads? Where the model trains on the
+    CPU the workers use (``sweep.search_threads: null``), as they split the cores between
+    them; not on a GPU, where the main process only feeds the device, nor with
+    ``trainer.measure=loader``, nor on one core."""
+    wanted = cfg.sweep.get("search_threads")
+    if wanted is not None:
+        return bool(wanted)
+    device = str(getattr(cfg.hardware.device, "value", cfg.hardware.device))
+    on_cpu = device == "cpu" or not torch.cuda.is_available()
+    measure = getattr(cfg.trainer.measure, "value", cfg.trainer.measure)
+    return on_cpu and measure == "train" and hardware.usable_cores() >= 2
+
+
+SEARCHED = (
+    "loader.num_workers",
+    "loader.prefetch_factor",
+    "loader.persistent_workers",
+    "loader.multiprocessing_context",
+    "loader.pin_memory",
+)
+
+
+THREADS = ("loader.worker_threads", "loader.main_threads", "hardware.torch_threads")
+
+
+def check_sweep(config: DictConfig) -> None:
+    """Refuse sweep settings that cannot work, before any trial runs."""
+    s = config.sweep
+    problems = []
+    for key in ("finalists", "final_rounds"):
+        if s[key] < 1:
+            problems.append(f"sweep.{key}={s[key]} must be at least 1")
+    if 1 <= s.final_rounds < stats.MIN_ROUNDS:
+        log.warning(
+            "sweep.final_rounds=%d: with fewer than %d rounds no contestant can be shown faster"
+            " than another, so the cheapest one measured wins <cfg.sweep.final_rounds>",
+            s.final_rounds,
+            stats.MIN_ROUNDS,
+        )
+    if not 0 <= s.finalist_within < 1:
+        problems.append(f"sweep.finalist_within={s.finalist_within} must be between 0 and 1")
+    if not 0 < s.equivalence < 1:
+        problems.append(f"sweep.equivalence={s.equivalence} must be between 0 and 1")
+    if s.final_seconds <= 0:
+        problems.append(f"sweep.final_seconds={s.final_seconds} must be positive")
+    if s.memory_budget_gb is not None and s.memory_budget_gb <= 0:
+        problems.append(f"sweep.memory_budget_gb={s.memory_budget_gb} must be positive, or null")
+    if s.max_workers is not None and s.max_workers < 1:
+        problems.append(f"sweep.max_workers={s.max_workers} must be at least 1, or null (auto)")
+    unknown = [m for m in s.start_methods if m not in ("fork", "forkserver", "spawn")]
+    if unknown:
+        problems.append(f"sweep.start_methods has {unknown}: choose from fork, forkserver, spawn")
+    if any(b < 1 for b in s.batch_sizes):
+        problems.append(f"sweep.batch_sizes={list(s.batch_sizes)} must all be at least 1")
+    launcher = str(config.hydra.launcher.get("_target_", ""))
+    if not launcher.endswith("FeedrateTrialLauncher"):
+        problems.append(
+            f"hydra.launcher is {launcher.rsplit('.', 1)[-1]}: the loader sweep measures"
+            " throughput one trial at a time on the machine it runs on (trials sharing a host"
+            " corrupt each other's figures), so it needs hydra/launcher=feedrate_trial. On a"
+            " cluster, run the whole sweep inside one allocation per machine type:"
+            " srun --exclusive python train.py -m sweep=loader"
+        )
+    if config.loader.auto:
+        problems.append(
+            "loader=auto picks a preset when a run starts, and the sweep searches the loader"
+            " itself: start the sweep from loader=default or a named preset"
+        )
+    searched = [*SEARCHED, *(["loader.batch_size"] if s.tune_batch_size else [])]
+    searched += THREADS if search_threads(config) else ()
+    searched += ["loader.decode"] if search_decode(config) else []
+    for arg in config.hydra.overrides.task:
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if key in searched:
+            problems.append(
+                f"{arg} fixes a key the loader sweep searches: drop it from the command line"
+                " (to start from a preset, select it with loader=<name>"
+                + (
+                    "; to keep the threads as they are, sweep.search_threads=false)"
+                    if key in THREADS
+                    else ")"
+                )
+            )
+    if problems:
+        raise ConfigError("invalid sweep:\n  - " + "\n  - ".join(problems))

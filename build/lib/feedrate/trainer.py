@@ -1,0 +1,561 @@
+"""The training loop, and the measurement of what the device waited for."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from feedrate.checkpoint import Position
+from feedrate.config import Measure
+from feedrate.drift import DriftGuard
+from feedrate.errors import ConfigError, DatasetError, Interrupted
+from feedrate.faults import LoaderFailure
+from feedrate.hardware import Hardware
+from feedrate.loader import loader_state, produced_samples, skipped_samples
+from feedrate.meter import Meter, StepTimes
+from feedrate.monitor import ResourceMonitor
+from feedrate.stream import Shares, is_stream, nothing_here, share_states
+
+if TYPE_CHECKING:
+    from feedrate.autotune import Tuner
+
+log = logging.getLogger(__name__)
+
+_END = object()  # the loader's iterator is exhausted
+
+
+def _bar_style(cfg: DictConfig) -> dict:
+    return {"disable": not cfg.progress, "dynamic_ncols": True}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class TrainResult:
+    times: StepTimes
+    first_batch_s: float
+    epoch_restart_s: list[float]
+    steps: int
+    epochs_started: int
+    final_loss: float
+    train_accuracy: float
+    position: Position  # where training stopped: what the final checkpoint records
+    warmup: dict = field(default_factory=dict)  # how the warm-up ended (WarmUp.as_dict)
+    abandoned: str = ""  # why measuring stopped early, if it did
+    drift_warnings: int = 0  # times the input pipeline fell behind (feedrate.drift)
+    skipped: int = 0  # samples dataset.on_error=skip dropped in loaders switched away from
+    trained_samples: int = 0  # by this process, warm-up (and tuning) included
+    train_seconds: float = 0.0  # from the first step's start to the last one's end
+
+
+@dataclass
+class Checkpoints:
+    """Saving during training: every ``every`` steps, and at once when ``interrupt`` is set.
+
+    ``save`` writes the state at a position and returns the file; None: nothing is saved
+    (``trainer.save_checkpoint=false``). ``resume_hint`` is the command that continues.
+    """
+
+    save: Callable[[Position], Path] | None
+    every: int | None
+    interrupt: threading.Event
+    resume_hint: str = ""
+
+
+def _batches_per_epoch(loader: DataLoader) -> int | None:
+    """None: a stream that does not say its length (its epochs end when it runs out)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _users(dataset: Any) -> Any:
+    """The user's dataset inside the run's own wrappers."""
+    while isinstance(getattr(dataset, "dataset", None), Dataset):
+        dataset = dataset.dataset
+    return dataset
+
+
+def planned_steps(cfg: DictConfig, loader: DataLoader) -> int:
+    """Steps the run will take: ``max_steps`` or ``epochs`` worth, whichever is fewer. For a
+    stream, ``epochs`` worth is its length's estimate: the run ends when the stream does."""
+    per_epoch = _batches_per_epoch(loader)
+    if per_epoch is None:
+        if cfg.max_steps is None:
+            name = type(_users(loader.dataset)).__qualname__
+            raise ConfigError(
+                f"the stream {name} does not say how many samples it holds (no __len__), so"
+                " the run cannot be planned in epochs: set"
+                " trainer.max_steps (the run also ends when trainer.epochs have streamed)"
+            )
+        per_epoch = cfg.max_steps
+    if per_epoch == 0:
+        raise ConfigError(
+            f"the loader yields no batch: {len(loader.dataset)} training samples with"
+            f" loader.batch_size={loader.batch_size} and loader.drop_last={loader.drop_last};"
+            " lower the batch size, set loader.drop_last=false, or use more data"
+        )
+    limits = []
+    if cfg.max_steps is not None:
+        limits.append(cfg.max_steps)
+    if cfg.epochs is not None:
+        limits.append(cfg.epochs * per_epoch)
+    steps = min(limits)
+    if steps <= cfg.warmup_steps:
+        raise ConfigError(
+            f"trainer.warmup_steps={cfg.warmup_steps} leaves nothing to measure: the run takes"
+            f" {steps} steps (trainer.max_steps={cfg.max_steps}, trainer.epochs={cfg.epochs},"
+            f" {per_epoch} batches per epoch); lower warmup_steps or raise max_steps/epochs"
+        )
+    return steps
+
+
+def startup_backlog(loader: DataLoader) -> int:
+    """Batches to consume before the rate is the setting's, not its start-up's.
+
+    Workers are handed ``prefetch_factor`` batches each at once, and deliver in order: until
+    that many are consumed, training eats batches queued while it was not asking, and the
+    pipeline has not yet reached the memory it holds in steady state. Streaming, a window
+    opened after one batch per worker measured 50 workers x prefetch 8 of 38 MB batches at
+    2,523 samples/s; 20 s after the whole backlog it sustained 1,548 (15 GB in /dev/shm).
+    """
+    workers = getattr(loader, "num_workers", 0) or 0
+    return workers * (getattr(loader, "prefetch_factor", None) or 2)
+
+
+def _step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    hw: Hardware,
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimiser step on a device batch; returns the loss and the logits."""
+    with torch.autocast(hw.device.type, dtype=hw.amp_dtype, enabled=hw.amp_dtype is not None):
+        out = model(x)
+        loss = nn.functional.cross_entropy(out, y)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss, out
+
+
+def _save_if_due(
+    checkpoints: Checkpoints,
+    step: int,
+    total: int,
+    position: Callable[[], Position],
+    meter: Meter,
+    bar: tqdm,
+) -> None:
+    """Save every ``checkpoints.every`` steps (the meter re-warms after the pause) and at once
+    on Ctrl-C, which then ends the run with the state saved."""
+    interrupted = checkpoints.interrupt.is_set()
+    due = checkpoints.every is not None and step % checkpoints.every == 0
+    path = None
+    if checkpoints.save is not None and (due or interrupted):
+        path = checkpoints.save(position())
+    if due:
+        meter.checkpoint_paused(step)
+    if interrupted:
+        bar.close()
+        saved = (
+            f"the state after step {step} is saved in {path}; continue with:"
+            f" {checkpoints.resume_hint}"
+            if checkpoints.save is not None
+            else "nothing was saved (trainer.save_checkpoint=false)"
+        )
+        raise Interrupted(f"interrupted (Ctrl-C) at step {step} of {total}: {saved}")
+
+
+@dataclass
+class _Where:
+    """Where training is in the data: what a checkpoint's :class:`Position` records."""
+
+    step: int
+    epoch: int
+    samples: int = 0  # of this epoch, handed out by the sampler (skipped batches too)
+    batches: int = 0  # of this epoch, from the loader
+    generator: Any = None  # the shuffle's state at the epoch's start
+
+    def position(
+        self, scaler: torch.amp.GradScaler, loader: DataLoader, tuner: Tuner | None = None
+    ) -> Position:
+        return Position(
+            self.step,
+            self.epoch,
+            self.samples,
+            self.generator,
+            scaler.state_dict(),
+            loader_state(loader),
+            tuner.state() if tuner is not None else None,
+        )
+
+
+Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _epoch_batches(
+    loader: DataLoader,
+    where: _Where,
+    resume: Position | None,
+    hw: Hardware,
+    meter: Meter,
+    decode: Callable[[list], torch.Tensor] | None = None,
+) -> Batches:
+    """One epoch's batches on the device. From ``resume`` the epoch goes on with the same
+    shuffle after the samples already trained (:class:`feedrate.loader.ResumableSampler`).
+    The meter's wait runs until a batch arrives; the host-to-device copy is the step's."""
+    sampler = getattr(loader, "sampler", None)
+    shuffling = getattr(sampler, "generator", None)
+    where.samples = where.batches = 0
+    if resume is not None:
+        where.samples = resume.epoch_samples
+    if resume is not None and resume.epoch_generator is not None:
+        shuffling.set_state(resume.epoch_generator)
+        sampler.skip = resume.epoch_samples
+    order = getattr(sampler, "order", None)
+    if hasattr(order, "set_epoch"):  # a DistributedSampler: this epoch's shuffle
+        order.set_epoch(where.epoch)
+    if is_stream(
+        getattr(loader, "dataset", None)
+    ):  # it shuffles its shards itself (fresh workers see this)
+        loader.dataset.set_epoch(where.epoch)
+    where.generator = shuffling.get_state() if shuffling is not None else None
+    per_batch = getattr(loader, "batch_size", None) or 0
+    batches = iter(loader)
+    while True:
+        meter.step_started()
+        batch = next(batches, _END)
+        if batch is _END:
+            return
+        where.batches += 1
+        where.samples += per_batch
+        if batch is None:  # dataset.on_error=skip dropped every sample of it
+            continue
+        x, y = batch
+        if decode is not None:  # loader.decode=device: the input pipeline's last stage
+            x = decode(x)
+        meter.batch_arrived()
+        yield (
+            x.to(hw.device, non_blocking=hw.non_blocking),
+            y.to(hw.device, non_blocking=hw.non_blocking),
+        )
+
+
+def _empty_epoch(loader: DataLoader, streaming: bool) -> DatasetError:
+    if streaming:
+        return nothing_here(loader.dataset)
+    return DatasetError(
+        "an epoch yielded no batch at all (every sample failed and dataset.on_error=skip"
+        " dropped it): fix the dataset, or set dataset.on_error=raise to see the first failure"
+    )
+
+
+def _uneven_inputs(model: nn.Module, streaming: bool) -> contextlib.AbstractContextManager:
+    """Under DDP, a rank whose stream runs out first keeps joining the others' all-reduces
+    until they run out too (a stream's shards need not divide evenly between ranks)."""
+    if streaming and isinstance(model, nn.parallel.DistributedDataParallel):
+        return model.join()
+    return contextlib.nullcontext()
+
+
+class _CandidateFailed(Exception):
+    """loader=autotune: the candidate's loader failed; the next candidate goes on."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _candidate_batches(batches: Batches) -> Batches:
+    """``batches``, with a failure of the loader (a worker killed, a timeout, /dev/shm full)
+    raised as :class:`_CandidateFailed`; the training step's own errors are not caught."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as exc:  # noqa: BLE001 - whatever the loader raised, named below
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise _CandidateFailed(f"{type(exc).__name__}: {first}") from exc
+        yield batch
+
+
+def _resident(batches: Batches, meter: Meter) -> Batches:
+    """``trainer.measure=compute``: the first batch, kept on the device and trained on again."""
+    for batch in batches:
+        while True:
+            yield batch
+            meter.step_started()
+            meter.batch_arrived()
+
+
+def _meter(
+    cfg: DictConfig,
+    loader: DataLoader,
+    *,
+    total: int,
+    start: int,
+    measure: Measure,
+    monitor: ResourceMonitor,
+    hw: Hardware,
+    bar: tqdm,
+    drift: DriftGuard | None = None,
+) -> Meter:
+    """The meter of ``loader`` from step ``start`` on, measured as ``cfg`` says."""
+    workers = getattr(loader, "num_workers", 0) or 0
+    return Meter(
+        cfg,
+        total=total,
+        start=start,
+        backlog=startup_backlog(loader) if measure is not Measure.compute else 0,
+        # a window that sees every worker deliver: workers started together deliver in bursts
+        window_steps=max(cfg.window_steps, workers),
+        workers=workers,
+        measure=measure,
+        produced=lambda: produced_samples(loader),
+        monitor=monitor,
+        device=hw.device,
+        sync=lambda: _sync(hw.device),
+        bar=bar,
+        drift=drift,
+    )
+
+
+def train(
+    *,
+    model: nn.Module,
+    loader: DataLoader,
+    optimizer: torch.optim.Optimizer,
+    hw: Hardware,
+    cfg: DictConfig,
+    monitor: ResourceMonitor,
+    normalise: Callable[..., torch.Tensor],
+    resume: Position | None = None,
+    checkpoints: Checkpoints | None = None,
+    decode: Callable[[list], torch.Tensor] | None = None,
+    preset_wait: float | None = None,
+    tuner: Tuner | None = None,
+) -> TrainResult:
+    """Train for ``planned_steps``, timed by a :class:`~feedrate.meter.Meter`.
+
+    From ``resume`` (a checkpoint's position) training goes on where it stopped; warm-up and
+    measuring start again there. ``checkpoints`` says when to save; Ctrl-C ends the run after
+    the current step, with the state saved. ``preset_wait``, the data-wait share the loader
+    preset was measured with, is one reference of the drift guard (:mod:`feedrate.drift`).
+    With ``tuner`` (``loader=autotune``), the run starts in the tuning phase: each candidate
+    has its own meter, and a new loader goes on in the epoch where the one before stopped
+    (:mod:`feedrate.autotune`); the run's meter starts with the setting chosen.
+    """
+    total = planned_steps(cfg, loader)
+    measure = Measure(getattr(cfg.measure, "value", cfg.measure))
+    where = _Where(resume.step, resume.epoch) if resume is not None else _Where(0, 0)
+    bar = tqdm(total=total, initial=where.step, unit="step", desc="train", **_bar_style(cfg))
+    tuning = tuner is not None and tuner.active
+    skipped = drift_before = 0
+    began = time.perf_counter()
+
+    def run_meter() -> Meter:
+        main = cfg
+        if tuner is not None and cfg.max_seconds is not None:  # the whole run's time
+            left = max(began + cfg.max_seconds - time.perf_counter(), 0.0)
+            main = OmegaConf.merge(cfg, {"max_seconds": left})
+        drift = (
+            DriftGuard(cfg.drift_rise, cfg.drift_windows, preset_wait)
+            if cfg.drift_rise is not None and measure is not Measure.compute
+            else None
+        )
+        bar.set_description("train")
+        return _meter(main, loader, drift=drift, **meter_args, start=where.step)
+
+    def candidate_meter() -> Meter:
+        bar.set_description(f"train [autotune {tuner.phase}: {tuner.candidate.name}]")
+        if hasattr(monitor, "mark"):
+            monitor.mark()  # the candidate's peak memory is its own
+        return _meter(tuner.meter_config(), loader, **meter_args, start=where.step)
+
+    meter_args = dict(total=total, measure=measure, monitor=monitor, hw=hw, bar=bar)
+    if tuner is not None:
+        tuner.start()
+    meter = candidate_meter() if tuning else run_meter()
+    since, trained = (where.step, began), 0  # the candidate's first step; samples trained
+    scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
+    if resume is not None and resume.scaler:
+        scaler.load_state_dict(resume.scaler)
+    model.train()
+    meter.start(where.step)
+    # A stream's epochs end when it runs out, not at its length's estimate
+    streaming = is_stream(getattr(loader, "dataset", None))
+    # a stream read as shares goes on mid-epoch in the next loader, as map-style data does
+    shared = isinstance(getattr(loader, "dataset", None), Shares)
+    step_limit = cfg.max_steps if streaming else total
+    stopped_at = None
+    # A candidate that fails (its workers die, the memory guard trips) is dropped and the
+    # next one goes on, in one process with map-style data; a stream cannot go on mid-epoch,
+    # and under torchrun the other ranks are already waiting in the next all-reduce.
+    recoverable = tuner is not None and not tuner.ranks.enabled and not streaming
+
+    def switch(failure: str | None = None) -> None:
+        """The candidate's measurement is over (or it failed): the next one's loader, or the
+        choice's; a candidate that cannot be built is dropped too."""
+        nonlocal loader, meter, tuning, skipped, since
+        seconds = time.perf_counter() - since[1]
+        finished = meter.finish()
+        if failure is None:
+            tuner.measured(finished, monitor, where.step - since[0], seconds)
+        else:
+            tuner.failed(failure, where.step - since[0], seconds)
+        skipped += skipped_samples(loader)
+        loader.end_workers()
+        while True:
+            tuning = tuner.advance()
+            try:
+                loader = tuner.build(where.step)
+                break
+            except ConfigError as exc:  # its batches in flight would not fit in /dev/shm
+                if not tuning or not recoverable:
+                    raise
+                tuner.failed(str(exc))
+        meter = candidate_meter() if tuning else run_meter()
+        meter.start(where.step)
+        since = (where.step, time.perf_counter())
+
+    with _uneven_inputs(model, streaming):
+        while stopped_at is None:
+            meter.epoch_started()
+            batches = _epoch_batches(loader, where, resume, hw, meter, decode)
+            resumed, resume = resume is not None, None  # only the first epoch resumes part-way
+            if measure is Measure.compute:
+                batches = _resident(batches, meter)
+            if tuning and recoverable:
+                batches = _candidate_batches(batches)
+            switching, failure = False, None
+            try:
+                for x, y in batches:
+                    loss = logits = None
+                    if measure is not Measure.loader:
+                        inputs = normalise(x, inplace=measure is not Measure.compute)
+                        loss, logits = _step(model, optimizer, scaler, hw, inputs, y)
+                    where.step += 1
+                    trained += len(y)
+                    done = meter.step_done(where.step, len(y), loss, logits, y)
+                    bar.update(1)
+                    if monitor.tripped and tuning and recoverable:
+                        failure, monitor.tripped = monitor.tripped, None
+                        break
+                    if monitor.tripped:  # the memory guard: stop before the OOM killer does
+                        raise LoaderFailure(monitor.tripped)
+                    if tuning:
+                        tuner.steps += 1
+                        tuner.samples += len(y) * tuner.ranks.world_size
+                        # a map-style epoch (or shares) goes on in the next loader; a
+                        # stream's at its end
+                        switching = (shared or not streaming) and tuner.over(done)
+                        done = False  # the candidate's measurement, not the run, is over
+                    if done or (step_limit is not None and where.step >= step_limit):
+                        stopped_at = where.position(scaler, loader, tuner)
+                        break
+                    if checkpoints is not None:
+                        position = lambda: where.position(scaler, loader, tuner)  # noqa: E731
+                        _save_if_due(checkpoints, where.step, total, position, meter, bar)
+                    if switching:
+                        break
+            except _CandidateFailed as exc:
+                failure = exc.reason
+            if failure is not None or (switching and stopped_at is None):
+                states = share_states(loader) if shared else None  # before its workers end
+                batches.close()
+                epoch_done = not streaming and where.samples >= len(loader) * loader.batch_size
+                if not epoch_done:  # the next loader goes on with this epoch's shuffle
+                    resume = where.position(scaler, loader)
+                switch(failure)
+                if states is not None:  # ... or from the shares' positions
+                    loader.dataset.go_on(states, where.epoch)
+                if not epoch_done:
+                    continue
+            if stopped_at is None and where.batches == 0 and where.samples == 0 and not resumed:
+                raise _empty_epoch(loader, streaming)
+            where.epoch += 1
+            if stopped_at is None and cfg.epochs is not None and where.epoch >= cfg.epochs:
+                # a stream ran out in the last epoch
+                stopped_at = where.position(scaler, loader, tuner)
+            if stopped_at is None and tuning:
+                if streaming and tuner.over(meter.done):
+                    switch()  # the next epoch starts with the next loader
+                else:  # the epoch's restart is no part of the candidate's rate
+                    meter.checkpoint_paused(where.step)
+            elif stopped_at is None and tuner is not None and tuner.drifted(meter):
+                ended = meter.finish()  # on_drift=retune: from this epoch's start
+                drift_before += ended["drift_warnings"]
+                tuner.retune(ended)
+                tuning = True
+                meter = candidate_meter()
+                meter.start(where.step)
+                since = (where.step, time.perf_counter())
+    bar.close()
+    finished = meter.finish()
+    finished["drift_warnings"] += drift_before
+    if tuning:  # the run ended before the tuning did: decided on what was measured
+        tuner.measured(finished, monitor, where.step - since[0], time.perf_counter() - since[1])
+        tuner.conclude()
+        if stopped_at is not None:  # the final checkpoint resumes into the choice
+            stopped_at.autotune = tuner.state()
+    return TrainResult(
+        **finished,
+        steps=where.step,
+        epochs_started=where.epoch,
+        position=stopped_at,
+        skipped=skipped,
+        trained_samples=trained,
+        train_seconds=time.perf_counter() - began,
+    )
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: DataLoader,
+    hw: Hardware,
+    normalise: Callable[..., torch.Tensor],
+    decode: Callable[[list], torch.Tensor] | None = None,
+) -> tuple[float | None, float | None]:
+    """(mean loss, accuracy) of ``model`` over ``loader``, in eval mode; None if empty."""
+    model.eval()
+    loss_sum = torch.zeros((), device=hw.device)
+    correct = torch.zeros((), device=hw.device, dtype=torch.long)
+    seen = 0
+    for batch in loader:
+        if batch is None:
+            continue
+        x, y = batch
+        x = decode(x) if decode is not None else x
+        x = normalise(x.to(hw.device, non_blocking=hw.non_blocking))
+        y = y.to(hw.device, non_blocking=hw.non_blocking)
+        with torch.autocast(hw.device.type, dtype=hw.amp_dtype, enabled=hw.amp_dtype is not None):
+            out = model(x)
+            loss_sum += nn.functional.cross_entropy(out, y, reduction="sum").float()
+        correct += (out.argmax(1) == y).sum()
+        seen += len(y)
+    model.train()
+    if seen == 0:
+        return None, None
+    return loss_sum.item() / seen, correct.item() / seen

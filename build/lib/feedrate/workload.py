@@ -1,0 +1,311 @@
+"""What a run trains and measures, built from the config: dataset, split, model, optimizer
+and loader, the normalisation on the device, and the held-out evaluation."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from feedrate import checkpoint, distributed
+from feedrate.checks import start_method
+from feedrate.config import Optimizer
+from feedrate.dataset import GuardedDataset, build_dataset, num_classes, split
+from feedrate.decode import BatchDecoder, bytes_only
+from feedrate.distributed import Ranks
+from feedrate.errors import DatasetError
+from feedrate.faults import Context, check_shm, unbatchable_sample
+from feedrate.hardware import Hardware
+from feedrate.loader import build_loader, loader_kwargs
+from feedrate.model import build_model
+from feedrate.stream import (
+    GuardedStream,
+    Shares,
+    check_split_by_worker,
+    is_resumable,
+    is_stream,
+    length,
+    nothing_here,
+)
+from feedrate.trainer import evaluate
+
+log = logging.getLogger("feedrate")
+
+
+# Normalisation happens on the device: the loader moves uint8, 4x fewer bytes than float32.
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def build_optimizer(cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
+    opt = cfg.optimizer if isinstance(cfg.optimizer, Optimizer) else Optimizer(cfg.optimizer)
+    if opt is Optimizer.sgd:
+        return torch.optim.SGD(
+            model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def make_input_transform(hw: Hardware, channels: int) -> Callable[..., torch.Tensor]:
+    """Batch on the device -> normalised float batch (uint8 scaled by 1/255 there).
+
+    This is the first op of the training step, not part of loading: the loader's side ends
+    with the host-to-device copy, which is what ``trainer.measure=loader`` measures.
+    """
+    if channels == 3:
+        mean, std = _IMAGENET_MEAN, _IMAGENET_STD
+    else:
+        mean, std = (0.5,) * channels, (0.25,) * channels
+    mean_t = torch.tensor(mean, device=hw.device).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, device=hw.device).view(1, -1, 1, 1)
+    memory_format = torch.channels_last if hw.channels_last else torch.contiguous_format
+
+    def normalise(x: torch.Tensor, inplace: bool = True) -> torch.Tensor:
+        # One new float tensor, then in place: the batch is ours, and a 64x3x224x224 batch
+        # makes every extra temporary cost tens of milliseconds on a CPU. A float batch that
+        # must survive (measure=compute reuses it) is copied once instead.
+        if x.dtype == torch.uint8:
+            x = x.float().div_(255.0)
+        elif not inplace or x.dtype != torch.float32:
+            x = x.to(torch.float32, copy=True)
+        x = x.sub_(mean_t).div_(std_t)
+        return x.contiguous(memory_format=memory_format)
+
+    return normalise
+
+
+@dataclass
+class Workload:
+    """What the run trains and measures, built from the config. ``loader=autotune`` replaces
+    the loader (:meth:`switch_loader`) while the run tunes it."""
+
+    dataset: Dataset
+    train_set: GuardedDataset
+    val_set: Dataset | None
+    sample: torch.Tensor  # the first one: shapes the model, sizes the loader's memory
+    num_classes: int
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: DataLoader
+    loader_args: dict
+    normalise: Callable[..., torch.Tensor]
+    context: Context  # what a failure's diagnosis reads
+    decode: Callable[[list], torch.Tensor] | None = None  # loader.decode=device: a batch's JPEGs
+    split_checked: bool = False  # a stream was checked to split its work between workers
+
+
+@dataclass
+class Built:
+    """What building costs, kept by a warm trial host between trials (:class:`Kept`)."""
+
+    dataset: Dataset
+    classes: int
+    sample: torch.Tensor
+    model: nn.Module
+    weights: dict[str, torch.Tensor]  # the model as built: parameters and buffers (BN's)
+    rng: dict  # every random generator, as building left them
+
+
+class Kept:
+    """A warm trial host's dataset and model (:mod:`feedrate.sweep.host`). Each trial gets
+    them back as a fresh process would have built them: the weights and buffers as built, no
+    gradients, and the random generators as building left them."""
+
+    def __init__(self) -> None:
+        self.built: Built | None = None
+
+    def keep(self, built: Built) -> None:
+        self.built = built
+
+    def restore(self) -> Built | None:
+        built = self.built
+        if built is None:
+            return None
+        built.model.load_state_dict(built.weights)
+        for p in built.model.parameters():
+            p.grad = None
+        built.model.train()
+        checkpoint.set_rng_state(built.rng)
+        return built
+
+
+def _build_parts(cfg: DictConfig, hw: Hardware, kept: Kept | None) -> Built:
+    """The dataset and the model, or a warm host's, restored."""
+    built = kept.restore() if kept is not None else None
+    if built is not None:
+        return built
+    dataset = build_dataset(cfg.dataset)
+    classes = num_classes(dataset)
+    sample = _first_sample(dataset)
+    if getattr(cfg.loader.decode, "value", cfg.loader.decode) == "device":
+        bytes_only(dataset)  # after the first sample, which sizes the model decoded
+    model = build_model(cfg.model, classes).to(hw.device)
+    if hw.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    built = Built(dataset, classes, sample, model, weights, checkpoint.rng_state())
+    if kept is not None:
+        kept.keep(built)
+    return built
+
+
+def build(cfg: DictConfig, hw: Hardware, ranks: Ranks, kept: Kept | None = None) -> Workload:
+    """Dataset, split, model (DDP under torchrun), optimizer and loader; with ``kept`` (a
+    warm trial host's), the dataset and model it built before."""
+    parts = _build_parts(cfg, hw, kept)
+    dataset, classes, sample = parts.dataset, parts.classes, parts.sample
+    train_set, val_set = split(dataset, cfg.trainer.val_fraction, cfg.trainer.seed)
+    on_error = cfg.dataset.get("on_error", "raise")
+    streaming = is_stream(dataset)
+    train_set = (GuardedStream if streaming else GuardedDataset)(train_set, on_error)
+    decoder = None
+    if getattr(cfg.loader.decode, "value", cfg.loader.decode) == "device":
+        decoder = BatchDecoder(hw.device, sample.shape[-1])
+    model = distributed.wrap(parts.model, ranks, hw)
+    args = _loader_args(cfg.loader, hw, ranks)
+    if streaming:  # it shuffles itself, in a buffer
+        del args["shuffle"]
+    checked = streaming and args["num_workers"] > 1
+    if checked:
+        check_split_by_worker(train_set.dataset, args["multiprocessing_context"])
+    size = length(dataset)
+    log.info(
+        "dataset %s: %s samples%s, %d classes, sample %s %s; loader %s",
+        *(type(dataset).__name__, "?" if size is None else size, " (a stream)" * streaming),
+        *(classes, tuple(sample.shape), sample.dtype, args),
+    )
+    context = Context(
+        num_workers=args["num_workers"],
+        prefetch_factor=cfg.loader.prefetch_factor,
+        batch_bytes=cfg.loader.batch_size * sample.element_size() * sample.nelement(),
+        peak_pss_mb=0.0,
+        timeout_s=cfg.loader.timeout,
+    )
+    check_shm(context)
+    return Workload(
+        dataset=dataset,
+        train_set=train_set,
+        val_set=val_set,
+        sample=sample,
+        num_classes=classes,
+        model=model,
+        optimizer=build_optimizer(cfg.trainer, model),
+        loader=build_loader(train_set, args, cfg.trainer.seed, cfg.trainer.stream, ranks),
+        loader_args=args,
+        normalise=make_input_transform(hw, sample.shape[0]),
+        context=context,
+        decode=decoder,
+        split_checked=checked,
+    )
+
+
+def switch_loader(
+    work: Workload, loader: DictConfig, cfg: DictConfig, hw: Hardware, ranks: Ranks, seed: int
+) -> DataLoader:
+    """A new DataLoader over the same training set, from ``loader`` (this rank's settings:
+    its ``num_workers`` is not split again), its workers seeded with ``seed``; the workload's
+    from now on. Refused (ConfigError)
+    when its batches in flight cannot fit in /dev/shm. The lines every loader's build logs
+    (pinning off the GPU, workers past the cores) were said for the run's first one."""
+    quiet = logging.getLogger("feedrate.loader")
+    level, quiet.level = quiet.level, logging.WARNING
+    try:
+        args = loader_kwargs(loader, hw)
+        context = dataclasses.replace(
+            work.context, num_workers=args["num_workers"], prefetch_factor=loader.prefetch_factor
+        )
+        check_shm(context)
+        if is_stream(work.dataset):
+            del args["shuffle"]
+            if args["num_workers"] > 1 and not work.split_checked:
+                check_split_by_worker(work.train_set.dataset, args["multiprocessing_context"])
+                work.split_checked = True
+        seeds = {"seed": cfg.trainer.seed, "worker_seed": seed}  # the order stays the run's
+        work.loader = build_loader(
+            work.train_set, args, stream=cfg.trainer.stream, ranks=ranks, **seeds
+        )
+    finally:
+        quiet.level = level
+    work.loader_args, work.context = args, context
+    return work.loader
+
+
+def read_as_shares(work: Workload, parts: int, cfg: DictConfig) -> bool:
+    """``loader=autotune`` over a resumable stream: read it as ``parts`` fixed shares
+    (:class:`feedrate.stream.Shares`), which a loader of any worker count goes on from
+    mid-epoch. False (it switches at its epoch ends) when the stream cannot be copied, which
+    a stream holding a lock or an open file, fine under ``fork``, cannot. A stream that does
+    not split its work by worker is refused: each share would read all of it."""
+    if not is_resumable(work.train_set):
+        return False
+    try:
+        copy.deepcopy(work.train_set)
+    except Exception as exc:  # noqa: BLE001 - whatever the stream's copy raised, named
+        log.info(
+            "loader=autotune switches %s's loader at its epoch ends only: the stream cannot be"
+            " copied into shares (%s: %s)",
+            type(work.dataset).__qualname__,
+            type(exc).__name__,
+            exc,
+        )
+        return False
+    if not work.split_checked:
+        try:
+            check_split_by_worker(work.train_set.dataset, start_method(cfg.loader))
+        except DatasetError as exc:
+            raise DatasetError(
+                f"loader=autotune tries several worker counts, and {exc}".replace(
+                    "; or use loader.num_workers=0", "; or use a loader preset, not autotune"
+                )
+            ) from exc
+        work.split_checked = True
+    work.train_set = Shares(work.train_set, parts, seed=cfg.trainer.seed)
+    return True
+
+
+def _first_sample(dataset: Dataset) -> torch.Tensor:
+    if is_stream(dataset):
+        first = next(iter(GuardedStream(dataset, "raise")), None)
+        if first is None:
+            raise nothing_here(dataset)
+        sample, _ = first
+    else:
+        sample, _ = GuardedDataset(dataset, "raise")[0]
+    if isinstance(sample, np.ndarray):  # the default collate batches it as a tensor
+        sample = torch.as_tensor(sample)
+    if not isinstance(sample, torch.Tensor):  # the model and the loader's sizing need one
+        raise unbatchable_sample(repr(type(sample)))
+    return sample
+
+
+def _loader_args(loader: DictConfig, hw: Hardware, ranks: Ranks) -> dict:
+    """The DataLoader's arguments; ``loader.num_workers`` is the machine's, split by rank."""
+    args = loader_kwargs(loader, hw)
+    per_rank = distributed.workers_per_rank(loader.num_workers, ranks)
+    if per_rank != loader.num_workers:
+        log.info(
+            "loader.num_workers=%d is the machine's: %d per rank for %d ranks on it",
+            *(loader.num_workers, per_rank, ranks.local_world_size),
+        )
+        args["num_workers"] = per_rank
+    return args
+
+
+def evaluate_held_out(
+    work: Workload, cfg: DictConfig, hw: Hardware
+) -> tuple[float | None, float | None]:
+    """Loss and accuracy on the held-out split (trainer.val_fraction), with the same loader."""
+    if work.val_set is None:
+        return None, None
+    args = {**work.loader_args, "drop_last": False, "persistent_workers": False, "shuffle": False}
+    on_error = cfg.dataset.get("on_error", "raise")
+    loader = build_loader(GuardedDataset(work.val_set, on_error), args, cfg.trainer.seed)
+    return evaluate(work.model, loader, hw, work.normalise, work.decode)

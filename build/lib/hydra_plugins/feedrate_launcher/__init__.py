@@ -1,0 +1,1 @@
+"""feedrate's Hydra launcher: one fresh, time-limited process per job."""

@@ -1,0 +1,78 @@
+"""Where the configs come from, and where a preset goes.
+
+feedrate's own configs ship in the package (``feedrate/conf``; in the checkout, a link to its
+``conf/``). ``feedrate train`` composes from them. Run in a project directory, that project's
+``conf/`` comes first on Hydra's search path (the ``ProjectConfig`` search-path plugin): its own
+presets and configs are found by name, one of its own with a packaged name wins, and a sweep or
+``loader=autotune`` writes its preset there (``conf/loader/``), never into the installed package.
+``python train.py`` in the checkout composes from the checkout's ``conf/``, as it always has.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+PROVIDER = "feedrate-project"  # the project's conf/ on Hydra's search path
+
+
+def packaged_config_dir() -> Path:
+    """feedrate's own ``conf/``, as installed (the checkout's, through the link)."""
+    return (Path(__file__).parent / "conf").resolve()
+
+
+def is_packaged(path: str | Path) -> bool:
+    return Path(str(path).removeprefix("file://")).resolve() == packaged_config_dir()
+
+
+def _sources(hydra: DictConfig) -> list:
+    return list(hydra.runtime.config_sources)
+
+
+def primary_config_dir(hydra: DictConfig) -> Path | None:
+    """The conf/ a Hydra app composed from (``hydra`` is the run's ``hydra`` node)."""
+    for source in _sources(hydra):
+        if source.provider == "main" and source.schema == "file":
+            return Path(source.path)
+    return None
+
+
+def project_config_dir(hydra: DictConfig) -> Path | None:
+    """The project's conf/ that came before the packaged configs, or None (the checkout's
+    ``python train.py``, or a config dir of the user's own choosing)."""
+    for source in _sources(hydra):
+        if source.provider == PROVIDER:
+            return Path(source.path)
+    return None
+
+
+def preset_dir(hydra: DictConfig) -> Path | None:
+    """Where a preset is written: the project's ``conf/loader/``, else the primary conf's."""
+    base = project_config_dir(hydra) or primary_config_dir(hydra)
+    return base / "loader" if base is not None else None
+
+
+def loader_dirs(hydra: DictConfig | None, fallback: Path) -> list[Path]:
+    """Where loader presets are read from, first wins: the project's ``conf/loader/``, then
+    the primary conf's (``fallback``'s outside a Hydra app)."""
+    dirs = []
+    if hydra is not None:
+        dirs = [d for d in (project_config_dir(hydra), primary_config_dir(hydra)) if d]
+    dirs = dirs or [fallback]
+    unique = []
+    for d in (d / "loader" for d in dirs):
+        if d.resolve() not in [u.resolve() for u in unique]:
+            unique.append(d)
+    return unique
+
+
+def command(sweep: bool = False) -> str:
+    """How to run this program again, for the commands feedrate prints (a preset's header,
+    a resume hint): ``feedrate train`` / ``feedrate sweep`` under the installed command, else
+    ``python train.py`` / ``python train.py -m sweep=loader``."""
+    installed = Path(sys.argv[0]).name == "feedrate"
+    if sweep:
+        return "feedrate sweep" if installed else "python train.py -m sweep=loader"
+    return "feedrate train" if installed else "python train.py"
