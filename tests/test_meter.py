@@ -271,3 +271,30 @@ def test_the_preset_measured_figure_is_a_reference_too():
     noisy = DriftGuard(rise=0.25, windows=3)
     shares = [0.2, 0.5, 0.2, 0.2, 0.6, 0.1, 0.2, 0.5, 0.3]  # single windows spike: the median
     assert all(noisy.window((k, k), s) is None for k, s in enumerate(shares))
+
+
+def test_the_summary_says_n_a_for_figures_nothing_measured():
+    """A run that ended before its first window (loader=autotune's last candidate, say)
+    prints its summary all the same."""
+    from feedrate.metrics import format_summary
+
+    text = format_summary(
+        {
+            "samples_per_sec": None,
+            "data_wait_frac": None,
+            "first_batch_s": None,
+            "step_time_p50_ms": None,
+            "step_time_p90_ms": None,
+            "epoch_restart_s": None,
+            "cpu_util": None,
+            "peak_pss_mb": 812.0,
+            "peak_processes": 3,
+            "peak_main_pss_mb": 700.0,
+            "peak_shm_mb": 0.0,
+            "final_loss": None,
+            "bound": "compute-bound",
+            "evidence": "nothing measured",
+        }
+    )
+    assert "samples/s        n/a" in text and "data wait        n/a of step time" in text
+    assert "memory (PSS)     812 MB peak over 3 processes" in text

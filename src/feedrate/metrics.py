@@ -173,6 +173,12 @@ def finite(obj):
     return obj
 
 
+def _shown(value, spec: str) -> str:
+    """``value`` formatted, or "n/a" for a figure nothing measured (a run that ended during
+    its warm-up, or during loader=autotune's last candidate before its first window)."""
+    return "n/a" if value is None else format(value, spec)
+
+
 def format_summary(m: dict) -> str:
     restart = (
         f"{m['epoch_restart_s']:.2f} s" if m.get("epoch_restart_s") is not None else "n/a (1 epoch)"
@@ -190,11 +196,11 @@ def format_summary(m: dict) -> str:
     )
     return "\n".join(
         [
-            f"samples/s        {m['samples_per_sec']:,.1f}{spread}",
-            f"data wait        {m['data_wait_frac']:.1%} of step time",
-            f"first batch      {m['first_batch_s']:.2f} s   (later epochs: {restart})",
-            f"step time        p50 {m['step_time_p50_ms']:.1f} ms,"
-            f" p90 {m['step_time_p90_ms']:.1f} ms",
+            f"samples/s        {_shown(m['samples_per_sec'], ',.1f')}{spread}",
+            f"data wait        {_shown(m['data_wait_frac'], '.1%')} of step time",
+            f"first batch      {_shown(m['first_batch_s'], '.2f')} s   (later epochs: {restart})",
+            f"step time        p50 {_shown(m['step_time_p50_ms'], '.1f')} ms,"
+            f" p90 {_shown(m['step_time_p90_ms'], '.1f')} ms",
             f"CPU busy         {cpu}",
             f"memory (PSS)     {m['peak_pss_mb']:,.0f} MB peak over {m['peak_processes']} processes"
             f" (main {m['peak_main_pss_mb']:,.0f} MB); /dev/shm peak {m['peak_shm_mb']:,.1f} MB",
