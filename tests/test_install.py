@@ -4,13 +4,16 @@ ship in the package, and the project keeps its presets, configs and dataset clas
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 import yaml
+from packaging.version import Version
 
 from .conftest import ROOT, TINY
 from .test_sweep import TINY_SWEEP
@@ -42,10 +45,19 @@ DATA = ["dataset=custom", "dataset._target_=dots.Dots", "+dataset.n=512"]
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
-    """``pip install <checkout>`` (not editable) into a folder of its own."""
-    target = tmp_path_factory.mktemp("site")
+    """``pip install <checkout>`` (not editable) into a folder of its own. From a copy of the
+    checkout's sources: pip builds in the tree it installs, and leaves a build/ there."""
+    source, target = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("site")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "conf", source / "conf")
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(ROOT / "src", source / "src", symlinks=True, ignore=ignore)
+    # the build needs setuptools >= 77: this environment's if it has it, else pip fetches it
+    isolation = [] if Version(version("setuptools")) < Version("77") else ["--no-build-isolation"]
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", target, ROOT],
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *isolation]
+        + ["--target", target, source],
         capture_output=True,
         text=True,
         timeout=600,
@@ -54,9 +66,24 @@ def installed(tmp_path_factory) -> Path:
     return target
 
 
-def _feedrate(installed: Path, project: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "FEEDRATE_CONFIG_DIR"}
+def _env(installed: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEEDRATE_")}
     env["PYTHONPATH"] = str(installed)  # the installed copy first, before the checkout's
+    return env
+
+
+def _python(installed: Path, project: Path, code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=_env(installed),
+    )
+
+
+def _feedrate(installed: Path, project: Path, *args: str) -> subprocess.CompletedProcess:
+    env = _env(installed)
     return subprocess.run(
         [sys.executable, str(installed / "bin" / "feedrate"), *args],
         cwd=project,
@@ -75,12 +102,20 @@ def test_an_installed_feedrate_trains_sweeps_and_lists_presets_in_a_project_of_i
     project.mkdir()
     (project / "dots.py").write_text(textwrap.dedent(DOTS))
     packaged = installed / "feedrate" / "conf"
-    assert (packaged / "train.yaml").is_file() and (packaged / "loader" / "recipe.yaml").is_file()
+    assert (packaged / "train.yaml").is_file() and (packaged / "hydra" / "launcher").is_dir()
+    assert not (packaged / "train.yaml").is_symlink(), "the files themselves, not the link"
+    # what runs is the installed copy, not the checkout (which the test's Python also sees)
+    imports = "import feedrate, hydra_plugins.feedrate_launcher.project_config as p;"
+    proc = _python(installed, project, imports + "print(feedrate.__file__); print(p.__file__)")
+    assert all(Path(f).is_relative_to(installed) for f in proc.stdout.split()), proc.stdout
 
     proc = _feedrate(installed, project, "train", *DATA, *TINY, "hydra.run.dir=run")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     env = yaml.safe_load((project / "run" / ".hydra" / "hydra.yaml").read_text())["hydra"]
     assert env["job"]["name"] == "train"
+    sources = {s["provider"]: s["path"] for s in env["runtime"]["config_sources"]}
+    assert Path(sources["main"]).resolve() == packaged.resolve()
+    assert Path(sources["feedrate-project"]).resolve() == (project / "conf").resolve()
     assert (project / "run" / "metrics.json").is_file() and (
         project / "run" / "train.log"
     ).is_file()

@@ -186,3 +186,30 @@ def test_a_preset_that_cannot_be_read_is_left_out_and_named(tmp_path, here, capl
     (tmp_path / "broken.yaml").write_text(yaml.safe_dump({"measured_on": broken}))
     assert provenance.pick(tmp_path, here, has_cuda=False)[0] == "recipe"
     assert f"loader=auto leaves out {tmp_path / 'broken.yaml'}" in caplog.text
+
+
+def test_the_catalogue_reads_a_project_first_and_survives_presets_it_cannot_read(tmp_path, here):
+    """``feedrate presets``: a project's preset of a packaged name wins; one whose
+    measured_on is odd, or that is not a file at all, is shown as such, not a traceback."""
+    project, packaged = tmp_path / "project", ROOT / "conf" / "loader"
+    project.mkdir()
+    _write(project, "recipe", {"num_workers": 6}, _measured_on(here))
+    odd = _measured_on(here)
+    odd["peak_pss_mb"] = "a lot"
+    _write(project, "odd", {"num_workers": 2}, odd)
+    (project / "folder.yaml").mkdir()
+    rows = {r["name"]: r for r in provenance.catalogue([project, packaged], here, False)}
+    assert rows["recipe"]["path"] == str(project / "recipe.yaml")
+    assert rows["recipe"]["here"] == "measured on this machine and workload"
+    assert rows["default"]["here"].startswith("by hand: PyTorch's own DataLoader defaults")
+    assert "cannot be read" in rows["odd"]["here"]
+    assert rows["folder"]["here"].startswith("cannot be read (IsADirectoryError")
+
+
+def test_the_feedrate_command_says_what_it_cannot_do(capsys):
+    from feedrate import cli
+
+    assert cli.main(["swep", "loader=recipe"]) == 2
+    assert "unknown command 'swep'" in capsys.readouterr().err
+    assert cli.main([]) == 2 and "feedrate sweep [overrides]" in capsys.readouterr().out
+    assert cli.main(["--version"]) == 0 and capsys.readouterr().out.startswith("feedrate 0.")

@@ -26,6 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(__doc__.split("\n\n", 1)[1].rstrip())
         return 0 if args else 2
+    if args[0] == "--version":
+        from importlib.metadata import version
+
+        print(f"feedrate {version('feedrate')}")
+        return 0
+    if args[0] not in COMMANDS and not args[0].startswith("-") and "=" not in args[0]:
+        print(
+            f"feedrate: unknown command {args[0]!r}; one of {', '.join(COMMANDS)}, or overrides"
+            " (key=value) to train",
+            file=sys.stderr,
+        )
+        return 2
     command = args.pop(0) if args[0] in COMMANDS else "train"
     _project_on_path()
     if command == "doctor":
@@ -40,9 +52,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _project_on_path() -> None:
-    """The project's modules import, here and in every process a run starts (its trial
-    hosts, its ``spawn`` workers), as ``python train.py`` imports those beside it."""
+    """This directory is the project (its conf/ first: :mod:`feedrate.project`), and its
+    modules import, here and in every process a run starts (its trial hosts, its ``spawn``
+    workers), as ``python train.py`` imports those beside it."""
+    from feedrate.project import CLI_VAR, PROJECT_VAR
+
     here = os.getcwd()
+    os.environ[PROJECT_VAR], os.environ[CLI_VAR] = here, "1"
     if here not in sys.path:
         sys.path.insert(0, here)
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -75,13 +91,19 @@ def _train(args: list[str]) -> int:
 
 def presets(args: list[str]) -> int:
     """Print every loader preset this project sees, first the project's own."""
+    from hydra.errors import HydraException
+
     from feedrate import hardware, provenance
     from feedrate.errors import FeedrateError
     from feedrate.launch import compose, loader_preset_dirs
 
+    if any(a in ("-h", "--help") for a in args):
+        print("feedrate presets [overrides]: each loader preset this project sees, and whether it")
+        print("fits this machine and the workload the overrides compose (the default job's)")
+        return 0
     try:
         cfg = compose(args)  # the workload a preset is compared with: the default job's
-    except FeedrateError as exc:
+    except (FeedrateError, HydraException) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     fingerprint = hardware.detect(cfg.dataset.get("root") or cfg.dataset.get("path"))
@@ -94,18 +116,24 @@ def presets(args: list[str]) -> int:
     )
     width = max([len(r["name"]) for r in rows] + [6])
     for row in rows:
-        m = row["measured_on"]
-        if m:
-            rate = m.get("samples_per_sec")
-            figure = f"{rate:,.0f} samples/s" if rate else "no figure"
-            when = str(m.get("date", "?"))[:10]
-            tuned = provenance.describe_machine(m["machine"])
-            said = f"{figure}, {when}, on {tuned}; {row['here']}"
-        else:
-            said = row["here"]
-        print(f"  {row['name']:<{width}}  {said}")
+        print(f"  {row['name']:<{width}}  {_described(row)}")
         print(f"  {'':<{width}}  {row['path']}")
     return 0
+
+
+def _described(row: dict) -> str:
+    from feedrate.provenance import describe_machine
+
+    m = row["measured_on"]
+    if not m:
+        return row["here"]
+    try:
+        rate = m.get("samples_per_sec")
+        figure = f"{rate:,.0f} samples/s" if rate else "no figure"
+        tuned = describe_machine(m["machine"])
+        return f"{figure}, {str(m.get('date', '?'))[:10]}, on {tuned}; {row['here']}"
+    except (KeyError, TypeError, ValueError) as exc:  # a measured_on edited by hand
+        return f"its measured_on cannot be read ({type(exc).__name__}: {exc})"
 
 
 if __name__ == "__main__":

@@ -40,7 +40,15 @@ from feedrate.files import atomic_write_text
 from feedrate.loader import skipped_samples
 from feedrate.metrics import finite, format_summary, summarise
 from feedrate.monitor import ResourceMonitor
-from feedrate.project import command, is_packaged, loader_dirs, packaged_config_dir, preset_dir
+from feedrate.project import (
+    PROJECT_VAR,
+    command,
+    is_packaged,
+    loader_dirs,
+    packaged_config_dir,
+    preset_dir,
+    project_dir,
+)
 from feedrate.stream import is_resumable, is_stream, length
 from feedrate.trainer import Checkpoints, TrainResult, planned_steps, train
 from feedrate.workload import (
@@ -57,14 +65,15 @@ _DEFAULT_THREADS = torch.get_num_threads()  # PyTorch's choice for this process,
 
 
 def default_config_dir() -> Path:
-    """``$FEEDRATE_CONFIG_DIR``, or ``conf/`` here if it holds ``train.yaml`` (the checkout),
-    or feedrate's packaged configs (a project's own ``conf/`` then comes first on the
-    search path: :mod:`feedrate.project`)."""
+    """``$FEEDRATE_CONFIG_DIR``, or ``conf/`` here in a checkout (beside ``train.py``), or
+    feedrate's packaged configs (a project's own ``conf/`` then comes first on the search
+    path: :mod:`feedrate.project`)."""
     env = os.environ.get("FEEDRATE_CONFIG_DIR")
     if env:
         return Path(env).resolve()
-    if (Path.cwd() / "conf" / "train.yaml").exists():
-        return Path.cwd() / "conf"
+    here = Path.cwd()
+    if (here / "conf" / "train.yaml").exists() and (here / "train.py").exists():
+        return here / "conf"
     return packaged_config_dir()
 
 
@@ -78,6 +87,8 @@ def compose(
     >>> cfg = compose(["dataset=synthetic", "loader=notebook", "trainer.max_steps=50"])
     """
     directory = Path(config_dir).resolve() if config_dir else default_config_dir()
+    if config_dir is None and is_packaged(directory) and project_dir() is None:
+        os.environ[PROJECT_VAR] = os.getcwd()  # a project's conf/ first, here and in children
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(directory)):
         return hydra_compose(config_name=config_name, overrides=list(overrides or []))
@@ -87,20 +98,28 @@ def _hydra() -> DictConfig | None:
     return HydraConfig.get() if HydraConfig.initialized() else None
 
 
+def _project_loader_dir() -> Path | None:
+    """Outside a Hydra app (feedrate.run(), the doctor): the project's conf/loader/, when a
+    project is named and the configs are the packaged ones."""
+    project = project_dir()
+    if _hydra() is None and project is not None and is_packaged(default_config_dir()):
+        return project / "conf" / "loader"
+    return None
+
+
 def loader_preset_dirs() -> list[Path]:
-    """Where this run reads loader presets from: the project's, then the run's conf/."""
-    fallback = default_config_dir()
-    dirs = loader_dirs(_hydra(), fallback)
-    if _hydra() is None and is_packaged(fallback):  # feedrate.run() in a project
-        dirs.insert(0, Path.cwd() / "conf" / "loader")
+    """Where this run reads loader presets from, first wins: the project's, then the run's
+    conf/ (each once)."""
+    dirs = loader_dirs(_hydra(), default_config_dir())
+    first = _project_loader_dir()
+    if first is not None and first.resolve() not in [d.resolve() for d in dirs]:
+        dirs.insert(0, first)
     return dirs
 
 
 def _preset_dir() -> Path:
     """Where this run writes a preset (loader=autotune): the project's conf/loader/."""
-    found = preset_dir(_hydra()) if _hydra() is not None else None
-    if found is None and is_packaged(default_config_dir()):
-        return Path.cwd() / "conf" / "loader"
+    found = preset_dir(_hydra()) if _hydra() is not None else _project_loader_dir()
     return found or default_config_dir() / "loader"
 
 

@@ -10,12 +10,24 @@ presets and configs are found by name, one of its own with a packaged name wins,
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 PROVIDER = "feedrate-project"  # the project's conf/ on Hydra's search path
+# The project directory, set by the ``feedrate`` command (its working directory) and by
+# ``feedrate.compose()`` outside a checkout; every process a run starts inherits it.
+PROJECT_VAR = "FEEDRATE_PROJECT"
+CLI_VAR = "FEEDRATE_CLI"  # set by the ``feedrate`` command: the commands printed say it
+
+
+def project_dir() -> Path | None:
+    """The project whose ``conf/`` comes first, or None (``python train.py`` in a checkout,
+    or a config directory of the user's own choosing)."""
+    found = os.environ.get(PROJECT_VAR)
+    return Path(found) if found else None
 
 
 def packaged_config_dir() -> Path:
@@ -72,7 +84,7 @@ def command(sweep: bool = False) -> str:
     """How to run this program again, for the commands feedrate prints (a preset's header,
     a resume hint): ``feedrate train`` / ``feedrate sweep`` under the installed command, else
     ``python train.py`` / ``python train.py -m sweep=loader``."""
-    installed = Path(sys.argv[0]).name == "feedrate"
+    installed = bool(os.environ.get(CLI_VAR)) or Path(sys.argv[0]).name == "feedrate"
     if sweep:
         return "feedrate sweep" if installed else "python train.py -m sweep=loader"
     return "feedrate train" if installed else "python train.py"

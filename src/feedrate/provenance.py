@@ -273,7 +273,15 @@ def _candidates(directory: Dirs, here: Here, batch_size_asked: bool) -> list[_Ca
             if "batch_size" in settings and not batch_size_asked:  # it carries its own
                 mine = Here(here.machine, {**here.workload, "batch_size": settings["batch_size"]})
             machine, workload = mine.differences(measured_on)
-        except (yaml.YAMLError, ConfigError, KeyError, TypeError, AttributeError) as exc:
+        except (
+            yaml.YAMLError,
+            ConfigError,
+            OSError,  # unreadable, or a default it names is missing
+            ValueError,  # UnicodeDecodeError
+            KeyError,
+            TypeError,
+            AttributeError,
+        ) as exc:
             log.warning(
                 "loader=auto leaves out %s: its measured_on cannot be read (%s: %s)",
                 path,
@@ -296,7 +304,10 @@ def catalogue(directory: Dirs, here: Here, has_cuda: bool) -> list[dict]:
         path, c = preset_file(directory, name), measured.get(name)
         row = {"name": name, "path": str(path), "measured_on": None, "here": _said(path)}
         if c is not None:
-            problem = does_not_fit(c.settings, c.measured_on, has_cuda, memory_mb)
+            try:
+                problem = does_not_fit(c.settings, c.measured_on, has_cuda, memory_mb)
+            except (TypeError, ValueError) as exc:
+                problem = f"its measured_on cannot be read ({type(exc).__name__}: {exc})"
             differs = [*c.machine, *(w.split(" ", 1)[0] for w in c.workload)]
             row["measured_on"] = c.measured_on
             row["here"] = (
@@ -311,8 +322,14 @@ def catalogue(directory: Dirs, here: Here, has_cuda: bool) -> list[dict]:
 
 
 def _said(path: Path) -> str:
-    """What a preset written by hand says of itself: its header's first sentence."""
-    lines = path.read_text().splitlines()
+    """What a preset without ``measured_on`` says of itself: its header's first sentence
+    (a preset feedrate wrote whose ``measured_on`` cannot be read says so)."""
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, ValueError) as exc:
+        return f"cannot be read ({type(exc).__name__}: {exc})"
+    if any(ln.startswith("# feedrate-preset:") for ln in lines[:3]):
+        return "written by feedrate, and its measured_on cannot be read (see the warning)"
     words = " ".join(ln.lstrip("# ").strip() for ln in lines[1:6] if ln.startswith("#"))
     first = words.split(". ")[0].split(": ")[0].rstrip(".")
     return f"by hand: {first}" if first else "written by hand"

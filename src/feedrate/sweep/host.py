@@ -222,7 +222,12 @@ class HostPool:
 
     def get(self, name: str, config_dir: str | os.PathLike, config_name: str, logs: Path) -> Host:
         if name not in self.hosts:
-            script_dir = Path(sys.argv[0]).resolve().parent  # train.py's, for `python train.py`
+            script = Path(sys.argv[0]).resolve()
+            # train.py's folder, as for `python train.py` (the feedrate command's bin/ is not a
+            # project: its project reaches the hosts through PYTHONPATH already)
+            script_dir = (
+                script.parent if script.suffix == ".py" and script.stem != "__main__" else None
+            )
             log_path = logs / f"host_{name}.log"
             self.hosts[name] = Host(config_dir, config_name, log_path, script_dir)
         return self.hosts[name]

@@ -1,11 +1,9 @@
 """A project's own ``conf/`` before feedrate's packaged configs (:mod:`feedrate.project`).
 
-Only for a config search path whose main entry is feedrate's packaged ``conf/`` (``feedrate
-train``, ``feedrate.compose()`` outside a checkout, the sweep's trial hosts): other Hydra apps
-in the same environment are left alone.
+Only where a project is named (``$FEEDRATE_PROJECT``: the ``feedrate`` command's working
+directory, inherited by the processes a run starts) and the main config source is feedrate's
+packaged ``conf/``: other Hydra apps, and ``python train.py`` in a checkout, are left alone.
 """
-
-from pathlib import Path
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.search_path_plugin import SearchPathPlugin
@@ -13,12 +11,13 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 class ProjectConfig(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        from feedrate.project import PROVIDER, is_packaged
+        from feedrate.project import PROVIDER, is_packaged, project_dir
 
+        project = project_dir()
         main = [e.path for e in search_path.get_path() if e.provider == "main"]
-        if not main or not is_packaged(main[0]):
+        if project is None or not main or not is_packaged(main[0]):
             return
-        project = Path.cwd() / "conf"
-        if any(e.provider == PROVIDER for e in search_path.get_path()) or is_packaged(project):
+        conf = project / "conf"
+        if any(e.provider == PROVIDER for e in search_path.get_path()) or is_packaged(conf):
             return
-        search_path.prepend(PROVIDER, f"file://{project}")
+        search_path.prepend(PROVIDER, f"file://{conf}")

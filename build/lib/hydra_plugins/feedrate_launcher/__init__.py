@@ -1,1 +1,0 @@
-"""feedrate's Hydra launcher: one fresh, time-limited process per job."""
