@@ -504,3 +504,31 @@ def test_a_candidates_memory_is_the_peak_of_its_own_readings(monkeypatch):
     monitor.sample()
     monitor.sample()
     assert monitor.peak_since_mark == 200 * 2**20
+
+
+@pytest.mark.parametrize(("budget", "wider"), [(60, True), (45, False)])
+def test_a_wider_loader_that_would_not_start_in_time_gives_way_to_a_deeper_queue(
+    compose, budget, wider
+):
+    """Start-up grows with the workers: the top seed (32 workers on 2 cores) took 15 s, so
+    twice as many are predicted at 28 s (2 s of window, 13 s of start-up twice over). With
+    32 s left they are tried; with 17 s the top seed's queue is deepened instead, which fits."""
+    cores = int(usable_cores())
+    seeds = [cores, 4 * cores, 16 * cores]
+    planned = _Planned(
+        compose,
+        "loader.num_workers=0",
+        "loader.prefetch_factor=null",
+        f"trainer.autotune.budget_s={budget}",
+        f"trainer.autotune.max_workers={2 * seeds[-1]}",
+        "trainer.autotune.window_s=2",
+    )
+    tuner = planned.tuner
+    tuner.start()
+    seconds = dict(zip([0, *seeds], [3.0, 4.0, 6.0, 15.0], strict=True))
+    for _ in range(4):  # the start, then the three seeds
+        planned.measure(lambda w: 100.0 + 40 * w, seconds=seconds[tuner.candidate.workers])
+        assert tuner.advance()
+    nxt = tuner.candidate.params
+    expected = (2 * seeds[-1], 2) if wider else (seeds[-1], 8)
+    assert (nxt["loader.num_workers"], nxt["loader.prefetch_factor"]) == expected

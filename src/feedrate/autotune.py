@@ -525,12 +525,12 @@ class Tuner:
         if self.phase == "search":
             per = self._seconds_per_measurement()
             finals_cost = per * self.at.rounds * max(1, self.at.finalists)
-            self._climb()
+            self._climb(left)
             searching = self._seeds_pending() or (
                 self.elapsed() < SEARCH_SHARE * self.budget and left > finals_cost
             )
             if searching and left >= per:  # a measurement still fits
-                found = self._ask()
+                found = self._ask(left)
                 if found is not None:
                     return found
             self._start_finals()
@@ -542,12 +542,14 @@ class Tuner:
         spent = [c.seconds for c in self.candidates if c.seconds > 0]
         return statistics.median(spent) if spent else self.at.window_s * 3
 
-    def _climb(self) -> None:
+    def _climb(self, left: float) -> None:
         """Latency-bound data scales past the top seed (reads that stall: 51 workers beat
         32): while the fastest setting measured has the most workers tried yet, the next
         one tried is that setting with twice the workers, up to the search's bound. Then
         once, the fastest with a deeper queue (prefetch x4, up to the search's 8): the seeds
-        all prefetch 2, and a queue that deep does not ride out a worker's stall."""
+        all prefetch 2, and a queue that shallow does not ride out a worker's stall. The
+        deeper queue comes first when twice the workers would not start in the ``left``
+        seconds (a wide loader's start-up grows with its workers)."""
         measured = [c for c in self.candidates if c.search is not None and not c.failed]
         if not measured or self._seeds_pending():
             return
@@ -556,13 +558,32 @@ class Tuner:
             return
         widest = max(c.workers for c in self.candidates)  # failed ones count
         bound = self.workers_bound
-        if best.workers == widest and best.workers < bound:
-            params = {**best.params, "loader.num_workers": min(2 * best.workers, bound)}
+        depth = int(best.params.get("loader.prefetch_factor") or 2)
+        deeper = {**best.params, "loader.prefetch_factor": min(4 * depth, DEEPEST_PREFETCH)}
+        wider = {**best.params, "loader.num_workers": min(2 * best.workers, bound)}
+        tried = [c.params for c in self.candidates]
+        climbing = best.workers == widest and best.workers < bound
+        if climbing and (self._predicted_seconds(wider) <= left or self._tried(deeper, tried)):
+            params = wider
         else:
-            depth = int(best.params.get("loader.prefetch_factor") or 2)
-            params = {**best.params, "loader.prefetch_factor": min(4 * depth, DEEPEST_PREFETCH)}
-        if not any(self._same(c.params, params) for c in self.candidates):
+            params = deeper
+        if not self._tried(params, tried):
             self._study.enqueue_trial(self._in_space(params))
+
+    def _tried(self, params: dict, tried: list[dict]) -> bool:
+        return any(self._same(t, params) for t in tried)
+
+    def _predicted_seconds(self, params: dict) -> float:
+        """What measuring ``params`` would take: its window, and a start-up that grows with
+        the workers (each one starts and fills its queue), scaled from the widest setting
+        measured with no more workers; else the median measurement's."""
+        workers = int(params.get("loader.num_workers") or 0)
+        known = [c for c in self.candidates if c.seconds > 0 and 0 < c.workers <= workers]
+        if not known:
+            return self._seconds_per_measurement()
+        ref = max(known, key=lambda c: c.workers)
+        window = self.at.window_s
+        return window + max(ref.seconds - window, 0.0) * workers / ref.workers
 
     def _in_space(self, params: dict) -> dict:
         """``params`` a trial of the search can take: its keys, within its ranges (a setting
@@ -587,10 +608,13 @@ class Tuner:
 
         return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
-    def _ask(self) -> int | None:
+    def _ask(self, left: float) -> int | None:
         """The next suggestion of the search, new settings only (a suggestion measured
-        already is told its figure again, at no cost); None when it keeps repeating."""
+        already is told its figure again, at no cost) that can be measured in the ``left``
+        seconds (one that cannot is pruned); None when it keeps repeating."""
         study = self._open_study()
+        from optuna.trial import TrialState
+
         from feedrate.sweep.space import loader_search_space
 
         for _ in range(20):
@@ -598,6 +622,9 @@ class Tuner:
             loader_search_space(self._space_cfg, trial)
             params = {k: v for k, v in trial.params.items()}
             twin = next((c for c in self.candidates if self._same(c.params, params)), None)
+            if twin is None and self._predicted_seconds(params) > left:
+                study.tell(trial, state=TrialState.PRUNED)  # its start-up would not fit
+                continue
             if twin is None:
                 name = f"trial {sum(c.trial is not None for c in self.candidates) + 1}"
                 self.candidates.append(Candidate(name, params, trial=trial.number))
@@ -606,8 +633,6 @@ class Tuner:
             if twin.search is not None and not twin.failed:
                 study.tell(trial, twin.search)
             else:
-                from optuna.trial import TrialState
-
                 study.tell(trial, state=TrialState.PRUNED)
         return None
 
