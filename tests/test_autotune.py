@@ -372,27 +372,52 @@ class _Planned:
         return [c.workers for c in self.tuner.candidates]
 
 
-def test_the_search_climbs_past_its_top_seed_while_more_workers_are_faster(compose):
-    """Reads that stall scale past the top seed: twice its workers are tried next, and so on
-    up to the search's bound (64 on 2 cores), then the fastest with a deeper queue; data that
-    peaks early is not climbed, only deepened."""
+def test_the_search_deepens_the_fastest_seed_then_climbs_while_more_workers_are_faster(compose):
+    """Reads that stall scale past the top seed: the fastest seed is tried once with a deeper
+    queue, then twice its workers (at the depth that won), and so on up to the search's bound
+    (64 on 2 cores); data that peaks early is not climbed, only deepened."""
     cores = int(usable_cores())
     seeds = sorted({min(64, k * cores) for k in (1, 4, 16)})
     budget = ["trainer.autotune.budget_s=600", "trainer.autotune.max_workers=64"]
-    planned = _Planned(compose, "loader.num_workers=0", "loader.prefetch_factor=null", *budget)
-    tried = planned.workers_tried(lambda w: 100.0 * (1 + w), 1 + len(seeds) + 2)
+    shallow = ["loader.num_workers=0", "loader.prefetch_factor=null"]
+
+    def tried(planned: _Planned) -> list[tuple[int, int]]:
+        return [
+            (c.workers, c.params.get("loader.prefetch_factor")) for c in planned.tuner.candidates
+        ]
+
+    # the deeper queue wins: the climb keeps it
+    deep = _Planned(compose, *shallow, *budget)
+
+    def rates(workers: int) -> float:
+        deeper = deep.tuner.candidate.params.get("loader.prefetch_factor") == 8
+        return 100.0 * (1 + workers) * (2 if deeper else 1)
+
+    deep.workers_tried(rates, 1 + len(seeds) + 3)
     climb = [w for w in (2 * seeds[-1], 4 * seeds[-1]) if w <= 64] or [64]
-    assert tried[: 1 + len(seeds) + len(climb)] == [0, *seeds, *climb[:1], *climb[1:]]
-    peaked = _Planned(compose, "loader.num_workers=0", "loader.prefetch_factor=null", *budget)
-    tried = peaked.workers_tried(lambda w: 1000.0 - abs(w - seeds[0]), 1 + len(seeds) + 1)
-    assert tried[: 2 + len(seeds)] == [0, *seeds, seeds[0]]
-    deeper = peaked.tuner.candidates[1 + len(seeds)].params
-    assert deeper["loader.prefetch_factor"] == 8  # the seeds' 2, x4
-    assert tried[-1] not in (seeds[0], 2 * seeds[-1])  # then Optuna's suggestion
+    assert tried(deep)[: 2 + len(seeds) + len(climb)] == [
+        (0, None),
+        *[(w, 2) for w in seeds],
+        (seeds[-1], 8),
+        *[(w, 8) for w in climb],
+    ]
+    # the deeper queue loses: the climb goes on from the seed, and deepens nothing more
+    flat = _Planned(compose, *shallow, *budget)
+    flat.workers_tried(lambda w: 100.0 * (1 + w), 1 + len(seeds) + 3)
+    assert tried(flat)[: 2 + len(seeds) + len(climb)] == [
+        (0, None),
+        *[(w, 2) for w in seeds],
+        (seeds[-1], 8),
+        *[(w, 2) for w in climb],
+    ]
+    peaked = _Planned(compose, *shallow, *budget)
+    workers = peaked.workers_tried(lambda w: 1000.0 - abs(w - seeds[0]), 1 + len(seeds) + 1)
+    assert tried(peaked)[: 2 + len(seeds)] == [(0, None), *[(w, 2) for w in seeds], (seeds[0], 8)]
+    assert workers[-1] not in (seeds[0], 2 * seeds[-1])  # then Optuna's suggestion
     # from the run's own loader, whose thread counts are unset (not values the search takes)
     wide = _Planned(compose, "loader.num_workers=48", *budget)
-    tried = wide.workers_tried(lambda w: 100.0 * (1 + w), 1 + len(seeds) + 1)
-    assert tried[: 2 + len(seeds)] == [48, *seeds, 64]
+    workers = wide.workers_tried(lambda w: 100.0 * (1 + w), 1 + len(seeds) + 2)
+    assert workers[: 3 + len(seeds)] == [48, *seeds, 48, 64]
 
 
 def test_the_budget_ends_a_measurement_and_starts_no_candidate_that_cannot_fit(compose):
@@ -506,13 +531,12 @@ def test_a_candidates_memory_is_the_peak_of_its_own_readings(monkeypatch):
     assert monitor.peak_since_mark == 200 * 2**20
 
 
-@pytest.mark.parametrize(("budget", "wider"), [(60, True), (45, False)])
-def test_a_wider_loader_that_would_not_start_in_time_gives_way_to_a_deeper_queue(
-    compose, budget, wider
-):
+@pytest.mark.parametrize(("budget", "wider"), [(75, True), (60, False)])
+def test_a_wider_loader_is_tried_only_when_it_would_start_in_time(compose, budget, wider):
     """Start-up grows with the workers: the top seed (32 workers on 2 cores) took 15 s, so
-    twice as many are predicted at 28 s (2 s of window, 13 s of start-up twice over). With
-    32 s left they are tried; with 17 s the top seed's queue is deepened instead, which fits."""
+    twice as many are predicted at 28 s (2 s of window, 13 s of start-up twice over). After
+    the seeds and the deeper queue (43 s), with 32 s left they are tried; with 17 s they are
+    not, nor any setting of the search that would not start in time."""
     cores = int(usable_cores())
     seeds = [cores, 4 * cores, 16 * cores]
     planned = _Planned(
@@ -526,9 +550,24 @@ def test_a_wider_loader_that_would_not_start_in_time_gives_way_to_a_deeper_queue
     tuner = planned.tuner
     tuner.start()
     seconds = dict(zip([0, *seeds], [3.0, 4.0, 6.0, 15.0], strict=True))
-    for _ in range(4):  # the start, then the three seeds
-        planned.measure(lambda w: 100.0 + 40 * w, seconds=seconds[tuner.candidate.workers])
+
+    def rate(workers: int) -> float:
+        deep = tuner.candidate.params.get("loader.prefetch_factor") == 8
+        return 100.0 + 40 * workers + (50 if deep else 0)
+
+    for _ in range(5):  # the start, the three seeds, the top seed deepened
+        planned.measure(rate, seconds=seconds[tuner.candidate.workers])
         assert tuner.advance()
-    nxt = tuner.candidate.params
-    expected = (2 * seeds[-1], 2) if wider else (seeds[-1], 8)
-    assert (nxt["loader.num_workers"], nxt["loader.prefetch_factor"]) == expected
+    if wider:
+        nxt = tuner.candidate.params
+        assert (nxt["loader.num_workers"], nxt["loader.prefetch_factor"]) == (2 * seeds[-1], 8)
+    else:
+        while True:
+            assert tuner.candidate.workers <= seeds[-1] or tuner.candidate.name == "start"
+            planned.measure(rate, seconds=2.0 + 13.0 * tuner.candidate.workers / seeds[-1])
+            if not tuner.advance():
+                break
+        assert (tuner.chosen.workers, tuner.chosen.params["loader.prefetch_factor"]) == (
+            seeds[-1],
+            8,
+        )

@@ -55,6 +55,10 @@ SEARCH_SHARE = 0.6  # of the budget, at most, before the finalists' rounds
 DEEPEST_PREFETCH = 8  # the search space's
 
 
+def _depth(params: dict) -> int:
+    return int(params.get("loader.prefetch_factor") or 2)
+
+
 def budget_seconds(trainer: DictConfig) -> float:
     """``trainer.autotune.budget_s``, or 60 s, at most a fifth of ``trainer.max_seconds``,
     at most 120 s."""
@@ -543,30 +547,34 @@ class Tuner:
         return statistics.median(spent) if spent else self.at.window_s * 3
 
     def _climb(self, left: float) -> None:
-        """Latency-bound data scales past the top seed (reads that stall: 51 workers beat
-        32): while the fastest setting measured has the most workers tried yet, the next
-        one tried is that setting with twice the workers, up to the search's bound. Then
-        once, the fastest with a deeper queue (prefetch x4, up to the search's 8): the seeds
-        all prefetch 2, and a queue that shallow does not ride out a worker's stall. The
-        deeper queue comes first when twice the workers would not start in the ``left``
-        seconds (a wide loader's start-up grows with its workers)."""
+        """Latency-bound data scales past the top seed (reads that stall: 51 workers x
+        prefetch 8 beat 32 x 2). After the seeds, the fastest setting is tried once with a
+        deeper queue (prefetch x4, up to the search's 8): the seeds all prefetch 2, a queue
+        that shallow does not ride out a worker's stall, and a deeper queue costs only that
+        setting's own start-up. Then, while the fastest setting has the most workers tried
+        yet, the next one tried is it with twice the workers (and the depth that won), up to
+        the search's bound, as long as that many would start in the ``left`` seconds (a wide
+        loader's start-up grows with its workers)."""
         measured = [c for c in self.candidates if c.search is not None and not c.failed]
         if not measured or self._seeds_pending():
             return
         best = max(measured, key=lambda c: c.search)
         if best.workers == 0:
             return
-        widest = max(c.workers for c in self.candidates)  # failed ones count
-        bound = self.workers_bound
-        depth = int(best.params.get("loader.prefetch_factor") or 2)
-        deeper = {**best.params, "loader.prefetch_factor": min(4 * depth, DEEPEST_PREFETCH)}
-        wider = {**best.params, "loader.num_workers": min(2 * best.workers, bound)}
         tried = [c.params for c in self.candidates]
-        climbing = best.workers == widest and best.workers < bound
-        if climbing and (self._predicted_seconds(wider) <= left or self._tried(deeper, tried)):
-            params = wider
-        else:
+        depth = _depth(best.params)
+        deeper = {**best.params, "loader.prefetch_factor": min(4 * depth, DEEPEST_PREFETCH)}
+        depths = [_depth(c.params) for c in self.candidates if c.trial is not None]
+        deepened = len(set(depths)) > 1  # the seeds share the run's depth
+        if not deepened and not self._tried(deeper, tried):
             params = deeper
+        else:
+            widest = max(c.workers for c in self.candidates)  # failed ones count
+            bound = self.workers_bound
+            params = {**best.params, "loader.num_workers": min(2 * best.workers, bound)}
+            climbing = best.workers == widest and best.workers < bound
+            if not climbing or self._predicted_seconds(params) > left:
+                return
         if not self._tried(params, tried):
             self._study.enqueue_trial(self._in_space(params))
 
