@@ -12,21 +12,35 @@ from .conftest import run_cli, run_torchrun, shrink
 
 
 @pytest.mark.slow
-def test_two_ranks_train_one_model_and_sum_their_throughput(tmp_path):
-    proc = run_torchrun(2, *shrink(["loader.num_workers=2", f"hydra.run.dir={tmp_path}"]))
+def test_two_ranks_train_one_model_by_time_and_sum_their_throughput_over_one_window(tmp_path):
+    """Streaming and stopped by the clock, as a sweep's trial measures: each rank measures the
+    steps rank 0 measures, so the job's figure is a sum over one window."""
+    overrides = ["loader.num_workers=2", "trainer.stream=true", "trainer.max_steps=null"]
+    timed = ["trainer.max_seconds=2", f"hydra.run.dir={tmp_path}"]
+    proc = run_torchrun(2, *shrink([*overrides, *timed]))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "rank 1 of 2 (local 1 of 2) on cpu, backend gloo" in out
     assert "loader.num_workers=2 is the machine's: 1 per rank for 2 ranks on it" in out
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["world_size"] == 2 and len(m["ranks"]) == 2
-    # each rank measured its own 6 steps of 16; the job's throughput is theirs summed
-    assert [r["measured_samples"] for r in m["ranks"]] == [96, 96]
-    assert m["measured_samples"] == 192
-    assert m["samples_per_sec"] == pytest.approx(sum(r["samples_per_sec"] for r in m["ranks"]))
+    first, second = m["ranks"]
+    assert first["measured_steps"] == second["measured_steps"] > 0
+    assert first["measured_samples"] == second["measured_samples"] == 16 * first["measured_steps"]
+    assert m["measured_samples"] == 2 * first["measured_samples"]
+    assert m["samples_per_sec"] == pytest.approx(
+        first["samples_per_sec"] + second["samples_per_sec"]
+    )
+    windows = [
+        a + b
+        for a, b in zip(
+            first["window_samples_per_sec"], second["window_samples_per_sec"], strict=True
+        )
+    ]
+    assert m["window_samples_per_sec"] == pytest.approx(windows) and len(windows) >= 2
     # rank 0 wrote one checkpoint, of the model itself (no DistributedDataParallel wrapper)
     state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
-    assert state["step"] == 8 and not any(k.startswith("module.") for k in state["model"])
+    assert state["step"] == m["steps"] and not any(k.startswith("module.") for k in state["model"])
     assert sorted(p.name for p in tmp_path.glob("*.json")) == ["environment.json", "metrics.json"]
 
 

@@ -62,6 +62,7 @@ class Run:
         drift=None,
         window=None,
         workers=0,
+        agree=None,
         **cfg,
     ) -> None:
         self.clock, self.monitor, self.syncs, self.produced = Clock(), Monitor(), 0, 0
@@ -84,6 +85,7 @@ class Run:
             clock=self.clock,
             drift=drift,
             workers=workers,
+            **({"agree": agree} if agree is not None else {}),
         )
         self.step = 0
         self.meter.start(0)
@@ -180,6 +182,42 @@ def test_measuring_ends_at_the_first_window_end_past_max_seconds():
     times = run.meter.times
     assert 1.0 <= times.elapsed_s + 1e-9 <= 1.2 + 1e-9, "at most one window (4 x 0.05 s) more"
     assert len(times.step_s) % 4 == 0 and run.step < 100
+
+
+def test_under_torchrun_every_rank_measures_the_steps_rank_0_measures():
+    """Rank 1 steps twice as fast and has a longer start-up backlog: on its own it would
+    measure from another step, and run out of time at another. Taking rank 0's word at the
+    same steps (distributed.flag), it opens and closes its windows with rank 0's."""
+    said: list[bool] = []  # rank 0's decisions, in the order it made them
+
+    def rank0(mine: bool) -> bool:
+        said.append(mine)
+        return mine
+
+    heard = iter(said)
+    ranks = [
+        Run(total=10_000, max_seconds=1.0, agree=rank0),
+        Run(
+            total=10_000,
+            max_seconds=1.0,
+            backlog=12,
+            steady_state=True,
+            agree=lambda _: next(heard),
+        ),
+    ]
+    alone = Run(total=10_000, max_seconds=1.0, backlog=12, steady_state=True)
+    alone.steps(10_000, compute=0.02)
+    for i in range(10_000):
+        ended = [ranks[0].steps(1), ranks[1].steps(1, compute=0.02)]
+        assert ended[0] == ended[1], f"step {i + 1}: the ranks disagree"
+        if ended[0]:
+            break
+    first, second = (r.meter for r in ranks)
+    assert first._warm_end == second._warm_end == 2  # rank 0's warm-up: 2 steps, no backlog
+    assert len(first.times.step_s) == len(second.times.step_s)
+    assert len(first.times.window_rates) == len(second.times.window_rates)
+    assert second.times.elapsed_s < 0.7  # its own clock: 0.03 s a step, rank 0's 0.05
+    assert (alone.meter._warm_end, alone.step) != (2, ranks[1].step)  # alone, it differs
 
 
 def test_workers_delivering_in_bursts_are_measured_over_whole_bursts():

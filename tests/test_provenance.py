@@ -66,6 +66,22 @@ def test_the_warning_names_what_differs(here):
     assert provenance.travel_warning("tuned_2core", _measured_on(here), here) is None
 
 
+def test_a_preset_tuned_for_another_number_of_ranks_says_what_it_was_tuned_for(here, tmp_path):
+    """Ranks on one node share its cores: a one-process preset under torchrun with 2 ranks
+    is another workload (warned, and not loader=auto's pick), and the command says how to
+    tune the job as it runs."""
+    one = _measured_on(here)
+    two_ranks = provenance.Here(here.machine, {**here.workload, "ranks_per_node": 2})
+    warning = provenance.travel_warning("tuned_2core", one, two_ranks)
+    assert "the workload differs (ranks_per_node 1 -> 2)" in warning
+    assert "sweep.preset_name=tuned_2core_here sweep.ranks_per_node=2" in warning
+    before = {k: v for k, v in one["workload"].items() if k != "ranks_per_node"}
+    assert provenance.travel_warning("old", {**one, "workload": before}, here) is None
+    _write(tmp_path, "one_process", {"num_workers": 8}, one)
+    assert provenance.measured_here(tmp_path, here, False)[0] == "one_process"
+    assert provenance.measured_here(tmp_path, two_ranks, False) is None
+
+
 def test_auto_picks_the_preset_of_this_machine_then_the_closest_that_fits(tmp_path, here):
     (tmp_path / "default.yaml").write_text("num_workers: 0\n")
     _write(tmp_path, "gpu", {"num_workers": 14, "decode": "device"}, _measured_on(here, **GPU_NODE))

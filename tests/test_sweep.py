@@ -47,6 +47,8 @@ from feedrate.sweep.preset import AUTOTUNE_MARKER, MARKER, check_writable, prese
 from feedrate.sweep.report import pareto_front
 from feedrate.sweep.report import rows as report_rows
 from feedrate.sweep.space import (
+    check_sweep,
+    default_threads,
     loader_search_space,
     max_threads,
     max_workers,
@@ -355,6 +357,34 @@ def test_the_first_trials_climb_a_ladder_of_worker_counts(monkeypatch):
     assert seed_workers(cfg) == [4], "sweep.max_workers bounds the seeds"
     monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 2.0)
     assert seed_workers(cfg) == [2, 4]
+
+
+def test_with_ranks_on_the_node_the_search_is_each_ranks_share(compose, monkeypatch):
+    """Eight ranks on a 16-core node: each rank's seeds, bound and threads are its share of
+    the node's, and the sweep refuses a rank count that cannot run."""
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 16.0)
+    monkeypatch.setattr("feedrate.sweep.space.torch.get_num_threads", lambda: 16)
+    node = OmegaConf.create({"sweep": {"max_workers": None}})
+    ranks = OmegaConf.create({"sweep": {"max_workers": None, "ranks_per_node": 8}})
+    assert max_workers(ranks) == max_workers(node) // 8
+    assert seed_workers(ranks) == [2, 8, 16]
+    assert max_threads(8) == 2 and default_threads(8)["loader.main_threads"] == 2
+    monkeypatch.undo()
+
+    def checked(*overrides: str) -> None:
+        cfg = compose("sweep=loader", *overrides)
+        OmegaConf.set_struct(cfg, False)  # the launch's own node, as the sweep sees it
+        launcher = "hydra_plugins.feedrate_launcher.launcher.FeedrateTrialLauncher"
+        cfg.hydra = {"launcher": {"_target_": launcher}, "overrides": {"task": list(overrides)}}
+        check_sweep(cfg)
+
+    checked("sweep.ranks_per_node=2")
+    with pytest.raises(ConfigError, match=r"sweep.ranks_per_node=0 must be at least 1"):
+        checked("sweep.ranks_per_node=0")
+    monkeypatch.setattr("feedrate.sweep.space.torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("feedrate.sweep.space.torch.cuda.device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"ranks_per_node=2 but 1 GPU\(s\) here"):
+        checked("sweep.ranks_per_node=2")
 
 
 def test_the_seeds_bound_the_workers_searched_once_the_rate_falls_past_the_best():
@@ -820,6 +850,52 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
     assert all(float(r["samples_per_sec"]) > 0 for r in rows if r["status"] == "ok")
     assert "trial #" in proc.stdout and "best so far" in proc.stdout  # a line per trial
     assert list((project / "outputs" / "sweeps").glob("loader-tiny-*.db"))
+    assert _our_processes(project) == [], "a trial process outlived the sweep"
+
+
+@pytest.mark.slow
+def test_a_two_rank_sweep_tunes_each_rank_with_both_running(project):
+    """sweep.ranks_per_node=2: every trial is torchrun with 2 ranks, measured over one window
+    on both; the finals add Lightning's formula and a one-process preset divided; the preset
+    is each rank's and says so."""
+    proc = _sweep(
+        project,
+        *SLEEPY_SYNTHETIC,
+        "sweep.ranks_per_node=2",
+        "sweep.divided=recipe",
+        name="ranks",
+        n_trials=2,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sweep_dir = project / "multirun" / "0"
+    rows = _rows(sweep_dir)
+    named = {n for r in rows if r["phase"] == "final 1" for n in r["name"].split(" = ")}
+    assert named >= {"default", "recipe", "lightning", "recipe divided"}
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert ok and all(len(r["rank_data_wait"].split()) == 2 for r in ok), "each rank's wait"
+    jobs = [p.parent for p in sweep_dir.rglob("metrics.json")]
+    assert len(jobs) >= 2 + 4
+    for job in jobs:
+        m = json.loads((job / "metrics.json").read_text())
+        first, second = m["ranks"]
+        assert m["world_size"] == 2 and m["run"]["ranks_per_node"] == 2
+        assert first["measured_steps"] == second["measured_steps"], job
+        total = first["samples_per_sec"] + second["samples_per_sec"]
+        assert m["samples_per_sec"] == pytest.approx(total)
+    loaders = {
+        j.name: json.loads((j / "metrics.json").read_text())["run"]["loader"]["num_workers"]
+        for j in jobs
+    }
+    assert loaders["round0_lightning"] == 1  # max(1, 2 cores // 2 ranks - 1), each rank's
+    assert loaders["round0_recipe"] == 4  # recipe's 4 workers, each rank's
+    assert loaders["round0_recipe_divided"] == 2  # recipe's 4, divided as torchrun runs it
+    text = (project / "conf" / "loader" / "ranks.yaml").read_text()
+    assert text.startswith("# torchrun --nproc_per_node=2 train.py loader=ranks\n")
+    preset = OmegaConf.load(project / "conf" / "loader" / "ranks.yaml")
+    assert preset.measured_on.workload.ranks_per_node == 2
+    decided = OmegaConf.load(sweep_dir / "final_decision.yaml")
+    divided = decided.winner.startswith("recipe divided")  # the machine's workers, split
+    assert preset.get("per_rank", False) is not divided, decided.winner
     assert _our_processes(project) == [], "a trial process outlived the sweep"
 
 

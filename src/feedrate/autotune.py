@@ -147,14 +147,16 @@ def params_of(
     loader: DictConfig | dict, ranks: distributed.Ranks, keys: tuple[str, ...] = TUNED
 ) -> dict[str, Any]:
     """The tuned keys of a loader config, as ``loader.<key>`` parameters, for one rank (a
-    config's ``num_workers`` and ``main_threads`` are the machine's, split between ranks)."""
+    config's ``num_workers`` and ``main_threads`` are the machine's, split between ranks,
+    unless ``per_rank`` says they are each rank's)."""
     values = loader
     if isinstance(loader, DictConfig):
         values = OmegaConf.to_container(loader, resolve=True, enum_to_str=True)
     params = {f"loader.{k}": values.get(k) for k in keys if k in values}
     for key in PER_RANK:
         if params.get(key):
-            params[key] = distributed.workers_per_rank(params[key], ranks)
+            split = distributed.workers_per_rank(params[key], ranks, bool(values.get("per_rank")))
+            params[key] = split
     return params
 
 
@@ -805,7 +807,7 @@ class Tuner:
         loader = OmegaConf.to_container(self.loader_cfg(winner), resolve=True, enum_to_str=True)
         local = self.ranks.local_world_size
         for key in ("num_workers", "main_threads"):  # the machine's, as presets say
-            if loader.get(key):
+            if loader.get(key) and not loader.get("per_rank"):
                 loader[key] = loader[key] * local
         values = preset_values(loader, with_batch_size=False)
         for key in ("persistent_workers", "multiprocessing_context"):

@@ -92,6 +92,8 @@ class MeasuredWorkload:
     model: dict[str, Any] = field(default_factory=dict)
     batch_size: int = MISSING
     precision: str = MISSING
+    # training processes on the node (torchrun's --nproc_per_node) sharing its cores
+    ranks_per_node: int = 1
 
 
 @dataclass
@@ -136,6 +138,9 @@ class LoaderConfig:
     # Where JPEGs are decoded: cpu (the workers) or device (the training process, per batch,
     # on the GPU when there is one); photos, image_folder and webdataset only
     decode: Decode = Decode.cpu
+    # num_workers and main_threads are each rank's under torchrun (a preset from
+    # sweep.ranks_per_node > 1); false: the machine's, split between the ranks on it
+    per_rank: bool = False
     # loader=auto: the run picks the preset measured on this machine and workload
     auto: bool = False
     # loader=autotune: the run tunes the loader while it trains (trainer.autotune)
@@ -378,6 +383,12 @@ class SweepConfig:
     # Peak memory (PSS of the training process and its workers) a trial may use, in GB;
     # null: the SLURM allocation or cgroup limit when one is set. Over it: infeasible.
     memory_budget_gb: float | None = None
+    # Tune the job as it will run: each trial is torchrun with this many ranks on this node,
+    # the search is per rank (loader.per_rank) and the objective is the ranks' sum. The finals
+    # add Lightning's per-rank formula and a one-process preset divided between the ranks:
+    # `divided`, or null for the one loader=auto picks for one process here (if any).
+    ranks_per_node: int = 1
+    divided: str | None = None
 
 
 @dataclass

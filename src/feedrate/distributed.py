@@ -54,27 +54,15 @@ def from_env() -> Ranks:
     )
 
 
-def setup(ranks: Ranks, hw: Hardware, trainer) -> Hardware:
-    """Join the process group; this rank's hardware (its own CUDA device)."""
+def setup(ranks: Ranks, hw: Hardware) -> Hardware:
+    """Join the process group; this rank's hardware (its own CUDA device).
+
+    Measuring by time (``trainer.max_seconds``), streaming and ``trainer.abandon_below``
+    work under torchrun as in one process: each rank's meter takes rank 0's word (``flag``)
+    on when its warm-up ends and when measuring is over, so every rank stops at the same step
+    and the job's samples/s is summed over one window."""
     if not ranks.enabled:
         return hw
-    if trainer.stream:
-        raise ConfigError(
-            "trainer.stream=true measures one process's loader (what sweep=loader compares);"
-            " under torchrun train by steps or epochs: trainer.stream=false"
-        )
-    if trainer.max_seconds is not None:
-        raise ConfigError(
-            f"trainer.max_seconds={trainer.max_seconds} under torchrun: each rank would stop on"
-            " its own clock, at a different step, and the others would wait for it forever in"
-            " the gradient all-reduce; use trainer.max_steps or trainer.epochs"
-        )
-    if trainer.get("abandon_below") is not None:
-        raise ConfigError(
-            f"trainer.abandon_below={trainer.abandon_below} under torchrun: each rank would"
-            " decide on its own figure whether to stop, and the others would wait for it forever"
-            " in the gradient all-reduce; leave it null (it is for sweep=loader's trials)"
-        )
     if hw.is_cuda:
         if ranks.local_rank >= torch.cuda.device_count():
             raise ConfigError(
@@ -102,9 +90,10 @@ def setup(ranks: Ranks, hw: Hardware, trainer) -> Hardware:
     return hw
 
 
-def workers_per_rank(num_workers: int, ranks: Ranks) -> int:
-    """The machine's ``num_workers`` split between the ranks on it (at least 1 if any)."""
-    if not ranks.enabled or num_workers == 0:
+def workers_per_rank(num_workers: int, ranks: Ranks, per_rank: bool = False) -> int:
+    """The machine's ``num_workers`` split between the ranks on it (at least 1 if any); as
+    it is where it is already each rank's (``loader.per_rank``)."""
+    if not ranks.enabled or num_workers == 0 or per_rank:
         return num_workers
     return max(1, num_workers // ranks.local_world_size)
 
@@ -134,8 +123,9 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def gather(metrics: dict, ranks: Ranks) -> dict:
-    """Rank 0's metrics with the whole job's figures: samples/s summed over ranks, memory summed,
-    data wait and step times of the slowest rank, and each rank's own under ``ranks``."""
+    """Rank 0's metrics with the whole job's figures: samples/s (and each window's) summed over
+    ranks, memory summed, data wait and step times of the slowest rank, and each rank's own
+    under ``ranks``."""
     if not ranks.enabled:
         return metrics
     every: list[dict] = [{} for _ in range(ranks.world_size)]
@@ -155,6 +145,10 @@ def gather(metrics: dict, ranks: Ranks) -> dict:
         values = [m.get(key) for m in every]
         total[key] = sum(values) if all(v is not None for v in values) else None
     total["peak_shm_mb"] = shm_per_host(every)
+    # the ranks' windows open and close at the same steps (Meter.agree): the job's, summed
+    windows = [m.get("window_samples_per_sec") for m in every]
+    if all(isinstance(w, list) for w in windows):
+        total["window_samples_per_sec"] = [sum(r) for r in zip(*windows, strict=False)]
     for key in ("data_wait_frac", "step_time_p50_ms", "step_time_p90_ms", "first_batch_s"):
         values = [m.get(key) for m in every if m.get(key) is not None]
         total[key] = max(values) if values else None
@@ -162,7 +156,14 @@ def gather(metrics: dict, ranks: Ranks) -> dict:
     total["ranks"] = [
         {
             k: m.get(k)
-            for k in ("samples_per_sec", "data_wait_frac", "measured_samples", "peak_pss_mb")
+            for k in (
+                "samples_per_sec",
+                "data_wait_frac",
+                "measured_steps",
+                "measured_samples",
+                "window_samples_per_sec",
+                "peak_pss_mb",
+            )
         }
         for m in every
     ]

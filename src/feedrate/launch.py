@@ -110,11 +110,7 @@ def _project_loader_dir() -> Path | None:
 def loader_preset_dirs() -> list[Path]:
     """Where this run reads loader presets from, first wins: the project's, then the run's
     conf/ (each once)."""
-    dirs = loader_dirs(_hydra(), default_config_dir())
-    first = _project_loader_dir()
-    if first is not None and first.resolve() not in [d.resolve() for d in dirs]:
-        dirs.insert(0, first)
-    return dirs
+    return loader_dirs(_hydra(), default_config_dir(), first=_project_loader_dir())
 
 
 def _preset_dir() -> Path:
@@ -237,7 +233,7 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
     validate(cfg)
     if cfg.loader.autotune:
         check_autotune(cfg)
-    hw = distributed.setup(ranks, resolved, cfg.trainer)
+    hw = distributed.setup(ranks, resolved)
     try:
         # Every rank writes (if anything) where rank 0 does: ranks may start a second apart.
         out = Path(distributed.broadcast(str(_output_dir(output_dir)), ranks))
@@ -248,7 +244,9 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
         torch.manual_seed(cfg.trainer.seed)
         # The preset's share of the machine for training (split between the ranks on it, as
         # its workers are), else the hardware profile's threads
-        threads = distributed.workers_per_rank(cfg.loader.main_threads or 0, ranks)
+        threads = distributed.workers_per_rank(
+            cfg.loader.main_threads or 0, ranks, cfg.loader.per_rank
+        )
         # Always set: a warm trial host must not keep the threads of the trial before
         torch.set_num_threads(threads or cfg.hardware.torch_threads or _DEFAULT_THREADS)
         torch.backends.cudnn.benchmark = hw.cudnn_benchmark
@@ -359,6 +357,7 @@ def _train_guarded(
                     cfg, provenance.Here.of(cfg, run.fingerprint, run.hw)
                 ),
                 tuner=tuner,
+                ranks=run.ranks,
             )
         except Exception as exc:
             _raise_named(exc, work, monitor)
@@ -434,6 +433,7 @@ def _write_metrics(
         "host": socket.gethostname(),
         "device": str(hw.device),
         "amp_dtype": str(hw.amp_dtype),
+        "ranks_per_node": run.ranks.local_world_size,
         "channels_last": hw.channels_last,
         "cudnn_benchmark": hw.cudnn_benchmark,
         "non_blocking": hw.non_blocking,

@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from torch.utils.data import (
     DataLoader,
     Dataset,
+    DistributedSampler,
     RandomSampler,
     Sampler,
     SequentialSampler,
@@ -38,6 +39,8 @@ from feedrate.hardware import Hardware, usable_cores
 from feedrate.stream import Repeated, is_resumable, is_stream
 
 log = logging.getLogger(__name__)
+# trainer.stream=true: the data read again this many times, more than any run reads
+PASSES = 10_000
 
 # PyTorch warns whenever workers outnumber cores. That rule is wrong for samples that wait on
 # I/O (a sleeping worker holds no core), so feedrate replaces it with a measured view.
@@ -165,8 +168,10 @@ def build_loader(
     shuffling = torch.Generator().manual_seed(seed)
     if ranks is not None and ranks.enabled:
         order = shard(dataset, ranks, kwargs["shuffle"], seed, kwargs["drop_last"])
+        if stream:  # each rank its share of one epoch after another
+            order = EpochAfterEpoch(order)
     elif stream:  # reshuffle forever: no epoch end while measuring (trainer.stream)
-        order = RandomSampler(dataset, num_samples=len(dataset) * 10_000, generator=shuffling)
+        order = RandomSampler(dataset, num_samples=len(dataset) * PASSES, generator=shuffling)
     elif kwargs["shuffle"]:
         order = RandomSampler(dataset, generator=shuffling)
     else:
@@ -239,6 +244,22 @@ class _StatefulLoader(_Loader, StatefulDataLoader):
 def loader_state(loader: DataLoader) -> dict | None:
     """Where a resumable stream's loader stands (its workers' positions), or None."""
     return loader.state_dict() if hasattr(loader, "load_state_dict") else None
+
+
+class EpochAfterEpoch(Sampler[int]):
+    """A DistributedSampler's epochs, reshuffled one after another (``trainer.stream=true``
+    under torchrun: no epoch end while measuring, and each rank reads only its share)."""
+
+    def __init__(self, order: DistributedSampler) -> None:
+        self.order = order
+
+    def __iter__(self) -> Iterator[int]:
+        for epoch in range(PASSES):
+            self.order.set_epoch(epoch)
+            yield from self.order
+
+    def __len__(self) -> int:
+        return len(self.order) * PASSES
 
 
 class ResumableSampler(Sampler[int]):

@@ -108,6 +108,11 @@ class WarmUp:
         self.seconds = self.clock() - self.started_at
         return True
 
+    def follow(self) -> None:
+        """Under torchrun: rank 0's warm-up is over, so this rank's is too (the ranks open
+        and close their windows at the same steps)."""
+        self._over()
+
     def cut_short(self) -> None:
         """The run ends before the warm-up could: measuring starts anyway, unsettled."""
         self._over()
@@ -154,8 +159,13 @@ class Meter:
         bar: Any = None,  # a tqdm bar, for the figures of each window
         drift: DriftGuard | None = None,  # told each window's data-wait share
         workers: int = 0,  # the loader's: the warm-up's backlog ends once the queue runs dry
+        agree: Callable[[bool], bool] = lambda mine: mine,
     ) -> None:
         self.cfg, self.total, self.measure = cfg, total, measure
+        # Under torchrun, rank 0's decision on every rank (feedrate.distributed.flag): when
+        # the warm-up ends and when measuring is over, so every rank measures the same steps
+        # and the job's rate is a sum over one window. Called at the same steps on every rank.
+        self.agree = agree
         # A measured window is at least num_workers steps (the caller's ``window_steps``):
         # workers started together deliver in bursts, and a window must see each deliver.
         self.window_steps = max(1, window_steps)
@@ -252,8 +262,11 @@ class Meter:
         if self._warm_end is None:
             now = self.clock()  # did the step wait for its batch most of the time?
             waited = self._t1 - self._t0 > 0.5 * (now - self._t0)
-            if self.warm.update(waited):
+            settled = self.warm.update(waited)
+            if self.agree(settled):
                 self._warm_end = step
+                if not settled:
+                    self.warm.follow()
             elif step >= self.total - 1:  # one step left: measure it anyway
                 self._warm_end = step
                 self.warm.cut_short()
@@ -353,11 +366,10 @@ class Meter:
         if window_end:
             self._close(t2, step)
         times.elapsed_s += t2 - self._t0  # the measured steps' own time, pauses left out
-        if window_end and cfg.abandon_below is not None:
-            self.abandoned = clearly_below(times, cfg.abandon_below, cfg.stream)
-            self.done = self.done or bool(self.abandoned)
-        if out_of_time and window_end:
-            self.done = True
+        if window_end:
+            if cfg.abandon_below is not None:
+                self.abandoned = clearly_below(times, cfg.abandon_below, cfg.stream)
+            self.done = self.agree(self.done or out_of_time or bool(self.abandoned))
 
     def _close(self, t2: float, step: int | None) -> None:
         span = t2 - self._window_start

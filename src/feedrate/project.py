@@ -60,21 +60,27 @@ def project_config_dir(hydra: DictConfig) -> Path | None:
     return None
 
 
+def preset_config_dir(hydra: DictConfig) -> Path | None:
+    """The conf/ a preset is written into: the project's, else the primary one."""
+    return project_config_dir(hydra) or primary_config_dir(hydra)
+
+
 def preset_dir(hydra: DictConfig) -> Path | None:
-    """Where a preset is written: the project's ``conf/loader/``, else the primary conf's."""
-    base = project_config_dir(hydra) or primary_config_dir(hydra)
+    """Where a preset is written: ``preset_config_dir``'s ``loader/``."""
+    base = preset_config_dir(hydra)
     return base / "loader" if base is not None else None
 
 
-def loader_dirs(hydra: DictConfig | None, fallback: Path) -> list[Path]:
-    """Where loader presets are read from, first wins: the project's ``conf/loader/``, then
-    the primary conf's (``fallback``'s outside a Hydra app)."""
+def loader_dirs(hydra: DictConfig | None, fallback: Path, first: Path | None = None) -> list[Path]:
+    """Where loader presets are read from, first wins, each once: ``first`` (a project's
+    ``conf/loader/`` named outside a Hydra app), the project's ``conf/loader/``, then the
+    primary conf's (``fallback``'s outside a Hydra app)."""
     dirs = []
     if hydra is not None:
         dirs = [d for d in (project_config_dir(hydra), primary_config_dir(hydra)) if d]
-    dirs = dirs or [fallback]
-    unique = []
-    for d in (d / "loader" for d in dirs):
+    found = [d / "loader" for d in dirs or [fallback]]
+    unique: list[Path] = []
+    for d in [first, *found] if first is not None else found:
         if d.resolve() not in [u.resolve() for u in unique]:
             unique.append(d)
     return unique

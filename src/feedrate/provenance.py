@@ -18,6 +18,7 @@ import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from feedrate import distributed
 from feedrate.config import LoaderConfig
 from feedrate.errors import ConfigError
 from feedrate.hardware import Fingerprint, Hardware, memory_allocation
@@ -55,12 +56,15 @@ def _node_facts(node: DictConfig) -> dict:
     return facts
 
 
-def workload_facts(cfg: DictConfig, precision: str) -> dict:
+def workload_facts(cfg: DictConfig, precision: str, ranks_per_node: int = 1) -> dict:
+    """The dataset and model, and how they are fed: the batch size, the precision, and the
+    training processes on the node (each with its own loader, all on the same cores)."""
     return {
         "dataset": _node_facts(cfg.dataset),
         "model": _node_facts(cfg.model),
         "batch_size": int(cfg.loader.batch_size),
         "precision": precision,
+        "ranks_per_node": ranks_per_node,
     }
 
 
@@ -80,7 +84,11 @@ def measured_on(cfg: DictConfig, job_dir: Path, results: list[dict], samples_per
     peaks = [m["peak_pss_mb"] for m in results if m.get("peak_pss_mb")]
     return {
         "machine": machine_facts(Fingerprint(**environment["fingerprint"])),
-        "workload": workload_facts(composed, precision(metrics["run"]["amp_dtype"])),
+        "workload": workload_facts(
+            composed,
+            precision(metrics["run"]["amp_dtype"]),
+            metrics["run"].get("ranks_per_node", 1),
+        ),
         "samples_per_sec": round(samples_per_sec, 1),
         "data_wait_frac": round(statistics.median(waits), 3) if waits else None,
         "peak_pss_mb": round(max(peaks)) if peaks else None,
@@ -117,6 +125,9 @@ def workload_differences(tuned: dict, here: dict) -> list[str]:
     for key in ("batch_size", "precision"):
         if tuned.get(key) != here[key]:
             found.append(f"{key} {tuned.get(key)} -> {here[key]}")
+    ranks = (tuned.get("ranks_per_node", 1), here.get("ranks_per_node", 1))  # 1: presets before
+    if ranks[0] != ranks[1]:
+        found.append(f"ranks_per_node {ranks[0]} -> {ranks[1]}")
     return found
 
 
@@ -142,7 +153,9 @@ class Here:
         command = tuple(
             o for o in overrides if not o.startswith(own) or o.startswith("trainer.measure=")
         )
-        return cls(machine_facts(fp), workload_facts(cfg, precision(hw.amp_dtype)), command)
+        ranks = distributed.from_env().local_world_size
+        workload = workload_facts(cfg, precision(hw.amp_dtype), ranks)
+        return cls(machine_facts(fp), workload, command)
 
     def differences(self, measured_on: dict) -> tuple[list[str], list[str]]:
         return (
@@ -165,10 +178,12 @@ def travel_warning(name: str, measured_on: dict, here: Here) -> str | None:
         )
     if workload:
         parts.append(f"the workload differs ({', '.join(workload)})")
+    ranks = here.workload.get("ranks_per_node", 1)
+    as_run = [f"sweep.ranks_per_node={ranks}"] if ranks > 1 else []  # the job as it runs
     return (
         f"loader={name} was measured elsewhere: {'; '.join(parts)}. Its settings may be wrong"
         f" here; tune for this machine and workload: {command(sweep=True)}"
-        f" sweep.preset_name={name}_here {' '.join(here.command) or '[your overrides]'}"
+        f" sweep.preset_name={name}_here {' '.join([*as_run, *here.command]) or '[your overrides]'}"
     ).rstrip()
 
 

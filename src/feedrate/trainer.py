@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -17,6 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
+from feedrate import distributed
 from feedrate.checkpoint import Position
 from feedrate.config import Measure
 from feedrate.drift import DriftGuard
@@ -319,9 +321,11 @@ def _meter(
     monitor: ResourceMonitor,
     hw: Hardware,
     bar: tqdm,
+    ranks: distributed.Ranks,
     drift: DriftGuard | None = None,
 ) -> Meter:
-    """The meter of ``loader`` from step ``start`` on, measured as ``cfg`` says."""
+    """The meter of ``loader`` from step ``start`` on, measured as ``cfg`` says; under
+    torchrun every rank's windows open and close at rank 0's steps."""
     workers = getattr(loader, "num_workers", 0) or 0
     return Meter(
         cfg,
@@ -338,6 +342,7 @@ def _meter(
         sync=lambda: _sync(hw.device),
         bar=bar,
         drift=drift,
+        agree=functools.partial(distributed.flag, ranks=ranks),
     )
 
 
@@ -355,6 +360,7 @@ def train(
     decode: Callable[[list], torch.Tensor] | None = None,
     preset_wait: float | None = None,
     tuner: Tuner | None = None,
+    ranks: distributed.Ranks | None = None,
 ) -> TrainResult:
     """Train for ``planned_steps``, timed by a :class:`~feedrate.meter.Meter`.
 
@@ -393,7 +399,8 @@ def train(
             monitor.mark()  # the candidate's peak memory is its own
         return _meter(tuner.meter_config(), loader, **meter_args, start=where.step)
 
-    meter_args = dict(total=total, measure=measure, monitor=monitor, hw=hw, bar=bar)
+    ranks = ranks or distributed.Ranks()
+    meter_args = dict(total=total, measure=measure, monitor=monitor, hw=hw, bar=bar, ranks=ranks)
     if tuner is not None:
         tuner.start()
     meter = candidate_meter() if tuning else run_meter()

@@ -287,9 +287,10 @@ def _first_sample(dataset: Dataset) -> torch.Tensor:
 
 
 def _loader_args(loader: DictConfig, hw: Hardware, ranks: Ranks) -> dict:
-    """The DataLoader's arguments; ``loader.num_workers`` is the machine's, split by rank."""
+    """The DataLoader's arguments; ``loader.num_workers`` is the machine's, split by rank
+    (each rank's with ``loader.per_rank``)."""
     args = loader_kwargs(loader, hw)
-    per_rank = distributed.workers_per_rank(loader.num_workers, ranks)
+    per_rank = distributed.workers_per_rank(loader.num_workers, ranks, loader.per_rank)
     if per_rank != loader.num_workers:
         log.info(
             "loader.num_workers=%d is the machine's: %d per rank for %d ranks on it",

@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from feedrate import environment, hardware, provenance, stats
 from feedrate.errors import ConfigError, FeedrateError
 from feedrate.files import atomic_write_text
-from feedrate.project import command
+from feedrate.project import command, loader_dirs
 from feedrate.sweep.ceiling import measure_ceilings, measure_gap
 from feedrate.sweep.decide import (
     BASELINES,
@@ -52,6 +52,7 @@ from feedrate.sweep.preset import write_preset as write_preset_file
 from feedrate.sweep.space import (
     check_sweep,
     default_threads,
+    ranks_per_node,
     search_threads,
     seed_settings,
     seed_workers,
@@ -68,7 +69,14 @@ from feedrate.sweep.study import (
     storage_of,
 )
 from feedrate.sweep.study import lock as lock_study
-from feedrate.sweep.trial import TrialResult, base_args, hydra_args, preset_conf_dir, run_trial
+from feedrate.sweep.trial import (
+    TrialResult,
+    base_args,
+    conf_dir,
+    hydra_args,
+    preset_conf_dir,
+    run_trial,
+)
 
 if TYPE_CHECKING:  # optuna takes a second to import; trial processes load this module too
     import optuna
@@ -206,7 +214,7 @@ class LoaderSweep(Callback):
             # the seeds run PyTorch's thread counts; the search moves them from there
             threads = {}  # the seeds run PyTorch's thread counts
             if search_threads(config):
-                threads = default_threads()
+                threads = default_threads(ranks_per_node(config))
                 if "fork" in start_methods(config):  # searched only for other start methods
                     del threads["loader.worker_threads"]
             same = seed_settings(config)
@@ -313,6 +321,12 @@ class LoaderSweep(Callback):
             Contestant(b, [*without_loader, f"loader={b}"], True)
             for b in dict.fromkeys([*BASELINES, selected])
         ]
+        ranks = ranks_per_node(config)
+        if ranks > 1:  # what such jobs run today (recipe, above, is each rank's)
+            contestants += [
+                Contestant(name, [*without_loader, *extra], True)
+                for name, extra in _rank_baselines(config, ranks)
+            ]
         from optuna.trial import TrialState
 
         done = [t for t in study.trials if t.state == TrialState.COMPLETE]
@@ -419,6 +433,38 @@ class LoaderSweep(Callback):
         log.info("wrote %s; use it with: %s loader=%s", path, command(), name)
 
 
+LIGHTNING = "lightning"  # its suggestion per rank: max(1, cpus // local ranks - 1)
+
+
+def _rank_baselines(config: DictConfig, ranks: int) -> list[tuple[str, list[str]]]:
+    """The baselines of a sweep with ``sweep.ranks_per_node``, as (name, overrides):
+    Lightning's per-rank worker count (Lightning#18737: its warning's formula), and a
+    one-process preset with its workers divided between the ranks, as a run under torchrun
+    divides a preset that does not say ``per_rank`` (``sweep.divided``, else the one
+    ``loader=auto`` picks for one process here; none where there is none)."""
+    cores = max(1, int(hardware.usable_cores()))
+    found = [(LIGHTNING, ["loader=default", f"loader.num_workers={max(1, cores // ranks - 1)}"])]
+    single = config.sweep.get("divided") or _one_process_preset(config)
+    if single is None:
+        log.info(
+            "no preset measured here for one process: the divided baseline is not run (tune"
+            " one with sweep.ranks_per_node=1, or name one with sweep.divided=NAME)"
+        )
+    else:
+        found.append((f"{single} divided", [f"loader={single}", "loader.per_rank=false"]))
+    return found
+
+
+def _one_process_preset(config: DictConfig) -> str | None:
+    """The preset ``loader=auto`` picks for one process on this machine and workload."""
+    fp = hardware.detect(config.dataset.get("root") or config.dataset.get("path"))
+    hw = hardware.resolve(config.hardware, fp)
+    here = provenance.Here.of(config, fp, hw, base_args(config))  # not under torchrun: 1 rank
+    dirs = loader_dirs(config.hydra, conf_dir(config))
+    found = provenance.measured_here(dirs, here, hw.is_cuda)
+    return found[0] if found else None
+
+
 def _slug(c: Contestant) -> str:
     return c.name.replace(" ", "_")
 
@@ -441,8 +487,19 @@ def _preset_header(
     base = decision.best_baseline
     afresh = [a for a in base_args(config) if not a.startswith("sweep.study_dir=")]
     fresh = f"{config.sweep.study_dir}/{datetime.now():%Y-%m-%d_%H-%M-%S}"
+    ranks = ranks_per_node(config)
+    run = f"{command()} loader={name}"
+    if ranks > 1:  # each rank's settings, measured with that many ranks on the node
+        script = run.removeprefix("python ")
+        plain = "--no-python " if script == run else ""  # the feedrate command: no script
+        run = f"torchrun --nproc_per_node={ranks} {plain}{script}"
     lines = [
-        f"{command()} loader={name}",
+        run,
+        *(
+            [f"Per rank (per_rank: true), measured with {ranks} ranks on one node."]
+            if ranks > 1
+            else []
+        ),
         f"Measured {datetime.now().isoformat(timespec='seconds')} by a loader sweep, study"
         f" {study.study_name}.",
         f"Winner: {winner.name}, median {winner.median:,.1f} samples/s"

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from feedrate.sweep.space import ranks_per_node
 from feedrate.sweep.trial import (
     FAILED,
     Fresh,
@@ -248,9 +249,12 @@ POOL = HostPool()
 
 def runner_for(config: DictConfig, name: str) -> Runner:
     """The trial runner for the sweep's ``name`` (``search``, or a final contestant's): its
-    warm host, or with ``hydra.launcher.warm=false`` a fresh process per trial."""
-    if not config.hydra.launcher.get("warm", True):
-        return Fresh(Path(sys.argv[0]).resolve())
+    warm host, or with ``hydra.launcher.warm=false`` a fresh process per trial; with
+    ``sweep.ranks_per_node`` above 1, a fresh torchrun job per trial (a warm host is one
+    process)."""
+    ranks = ranks_per_node(config) if config.get("sweep") is not None else 1
+    if ranks > 1 or not config.hydra.launcher.get("warm", True):
+        return Fresh(Path(sys.argv[0]).resolve(), ranks)
     logs = Path(config.hydra.sweep.dir) / "hosts"
     return POOL.get(name, conf_dir(config), config.hydra.job.config_name, logs)
 

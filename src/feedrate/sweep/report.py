@@ -39,6 +39,7 @@ COLUMNS = (
     "status",
     "samples_per_sec",
     "data_wait_frac",
+    "rank_data_wait",
     "first_batch_s",
     "peak_pss_mb",
     "peak_shm_mb",
@@ -76,7 +77,8 @@ def _row(phase: str, name: str, r: TrialResult) -> dict:
         **_params(r.overrides, m),
         "status": r.status,
         "samples_per_sec": r.value,
-        "data_wait_frac": m.get("data_wait_frac"),
+        "data_wait_frac": m.get("data_wait_frac"),  # under torchrun, the slowest rank's
+        "rank_data_wait": _rank_waits(m),
         "first_batch_s": m.get("first_batch_s"),
         "peak_pss_mb": m.get("peak_pss_mb"),
         "peak_shm_mb": m.get("peak_shm_mb"),
@@ -85,6 +87,12 @@ def _row(phase: str, name: str, r: TrialResult) -> dict:
         "duration_s": round(r.duration_s, 2),
         "reason": r.reason or m.get("abandoned") or "",
     }
+
+
+def _rank_waits(metrics: dict) -> str:
+    """Each rank's data-wait share under torchrun (``0.12 0.31``), else empty."""
+    waits = [r.get("data_wait_frac") for r in metrics.get("ranks") or []]
+    return " ".join("?" if w is None else f"{w:.2f}" for w in waits)
 
 
 def rows(study: optuna.Study, search: list[TrialResult], contestants, n_new: int) -> list[dict]:

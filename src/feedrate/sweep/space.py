@@ -23,19 +23,31 @@ if TYPE_CHECKING:  # optuna takes a second to import; trial processes load this 
 log = logging.getLogger(__name__)
 
 
+def ranks_per_node(cfg: DictConfig) -> int:
+    """The training processes a trial runs on this node (``sweep.ranks_per_node``): the
+    search is per rank, each rank's share of the node's bounds."""
+    return max(1, int((cfg.get("sweep") or {}).get("ranks_per_node") or 1))
+
+
 def max_workers(cfg: DictConfig) -> int:
-    """Upper bound for ``num_workers``: not the core count.
+    """Upper bound for ``num_workers`` (each rank's, with ``sweep.ranks_per_node``): not
+    the core count.
 
     A worker blocked on storage or network latency holds no core, so latency-bound data keeps
     scaling far past the cores (the sleep-10-ms dataset on 2 cores peaks at 32+ workers). The
     memory guard, not this bound, keeps a large count from running the machine out of memory.
     """
-    bound = cfg.sweep.max_workers or int(min(256, max(64, 8 * hardware.usable_cores())))
+    ranks = ranks_per_node(cfg)
+    node = int(min(256, max(64, 8 * hardware.usable_cores())))
+    bound = cfg.sweep.max_workers or max(1, node // ranks)
     shards = shard_count(cfg)
+    if shards is not None and ranks > 1:
+        shards = max(1, shards // ranks)  # the ranks split the shards first
     if shards is not None and shards < bound:
         _warn_once(
-            f"num_workers searched up to {shards}, the stream's shard count: a stream splits"
-            f" by shard, so a worker past the {shards}th has none to read <cfg.dataset>"
+            f"num_workers searched up to {shards}, the stream's shard count (a rank's): a"
+            f" stream splits by shard, so a worker past the {shards}th has none to read"
+            " <cfg.dataset>"
         )
         return shards
     return bound
@@ -66,8 +78,9 @@ SEED_LADDER = (1, 4, 16)  # the first trials' num_workers, in multiples of the c
 def seed_workers(cfg: DictConfig) -> list[int]:
     """The worker counts a new study tries first: the core count (what CPU-capped tuners
     pick) and rungs far past it, where latency-bound data peaks (32 workers on 2 cores for the
-    10 ms dataset); ``sweep.max_workers`` bounds them too."""
-    cores = max(1, int(hardware.usable_cores()))
+    10 ms dataset); ``sweep.max_workers`` bounds them too. With ``sweep.ranks_per_node``,
+    a rank's share of the cores."""
+    cores = max(1, int(hardware.usable_cores()) // ranks_per_node(cfg))
     top = max_workers(cfg)
     return sorted({min(top, k * cores) for k in SEED_LADDER})
 
@@ -178,9 +191,10 @@ def loader_search_space(cfg: DictConfig, trial: optuna.trial.Trial) -> None:
     if cfg.sweep.tune_batch_size:
         trial.suggest_categorical("loader.batch_size", list(cfg.sweep.batch_sizes))
     if search_threads(cfg):
-        trial.suggest_int("loader.main_threads", 1, max_threads(), log=True)
+        threads = max_threads(ranks_per_node(cfg))
+        trial.suggest_int("loader.main_threads", 1, threads, log=True)
         if context != "fork":  # forked workers hang on more than one thread: checks.py
-            trial.suggest_int("loader.worker_threads", 1, max_threads(), log=True)
+            trial.suggest_int("loader.worker_threads", 1, threads, log=True)
 
 
 # Datasets whose workers can hand over JPEG bytes (feedrate.decode.bytes_only)
@@ -197,16 +211,18 @@ def search_decode(cfg: DictConfig) -> bool:
     return torch.cuda.is_available() and dataset.get("_target_") in BYTES_DATASETS
 
 
-def max_threads() -> int:
+def max_threads(ranks: int = 1) -> int:
     """Upper bound of the thread counts searched: the usable cores, or PyTorch's own default
-    where that is more (it counts the machine's cores, not this job's share)."""
-    return max(1, int(hardware.usable_cores()), torch.get_num_threads())
+    where that is more (it counts the machine's cores, not this job's share); a rank's share
+    of that with ``ranks`` on the node."""
+    return max(1, max(int(hardware.usable_cores()), torch.get_num_threads()) // ranks)
 
 
-def default_threads() -> dict[str, int]:
+def default_threads(ranks: int = 1) -> dict[str, int]:
     """PyTorch's thread counts: one a worker, its default in the main process
-    (``OMP_NUM_THREADS`` if set)."""
-    return {"loader.worker_threads": 1, "loader.main_threads": torch.get_num_threads()}
+    (``OMP_NUM_THREADS`` if set), a rank's share of it with ``ranks`` on the node."""
+    main = max(1, torch.get_num_threads() // ranks)
+    return {"loader.worker_threads": 1, "loader.main_threads": main}
 
 
 def search_threads(cfg: DictConfig) -> bool:
@@ -259,6 +275,15 @@ def check_sweep(config: DictConfig) -> None:
         problems.append(f"sweep.memory_budget_gb={s.memory_budget_gb} must be positive, or null")
     if s.max_workers is not None and s.max_workers < 1:
         problems.append(f"sweep.max_workers={s.max_workers} must be at least 1, or null (auto)")
+    ranks = s.get("ranks_per_node", 1)
+    if ranks < 1:
+        problems.append(f"sweep.ranks_per_node={ranks} must be at least 1")
+    elif ranks > 1 and torch.cuda.is_available() and ranks > torch.cuda.device_count():
+        problems.append(
+            f"sweep.ranks_per_node={ranks} but {torch.cuda.device_count()} GPU(s) here: each"
+            " rank drives its own GPU (NCCL refuses two ranks on one); set it to at most"
+            f" {torch.cuda.device_count()}, or tune on the CPU with hardware=cpu"
+        )
     unknown = [m for m in s.start_methods if m not in ("fork", "forkserver", "spawn")]
     if unknown:
         problems.append(f"sweep.start_methods has {unknown}: choose from fork, forkserver, spawn")

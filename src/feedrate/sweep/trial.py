@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 
 from feedrate.errors import ConfigError
 from feedrate.files import atomic_write_text
-from feedrate.project import primary_config_dir, project_config_dir
+from feedrate.project import preset_config_dir, primary_config_dir
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 OVER_BUDGET = "over budget"  # it ran, and used more memory than sweep.memory_budget_gb
@@ -217,10 +217,28 @@ def run_trial(
 
 class Fresh:
     """Each trial as ``python script <overrides>`` in a fresh process: what a user's own run
-    is, start-up included (``hydra.launcher.warm=false``)."""
+    is, start-up included (``hydra.launcher.warm=false``). With ``ranks`` above 1, the job
+    as it will run: ``torchrun --standalone --nproc_per_node=<ranks>``, its loader settings
+    each rank's (``loader.per_rank=true``, which a contestant's own overrides may undo)."""
 
-    def __init__(self, script: str | os.PathLike) -> None:
+    def __init__(self, script: str | os.PathLike, ranks: int = 1) -> None:
         self.script = Path(script)
+        self.ranks = ranks
+
+    def command(self, overrides: list[str], job_dir: Path) -> list[str]:
+        if self.ranks == 1:
+            return [sys.executable, str(self.script), *overrides, f"hydra.run.dir={job_dir}"]
+        torchrun = [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
+            f"--nproc_per_node={self.ranks}",
+        ]
+        return [
+            *torchrun,
+            str(self.script),
+            "loader.per_rank=true",
+            *overrides,
+            f"hydra.run.dir={job_dir}",
+        ]
 
     def __call__(
         self,
@@ -231,7 +249,7 @@ class Fresh:
     ) -> TrialResult:
         job_dir = Path(job_dir)
         job_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, str(self.script), *overrides, f"hydra.run.dir={job_dir}"]
+        cmd = self.command(list(overrides), job_dir)
         t0 = time.perf_counter()
         pids: set[int] = set()
         with open(job_dir / "trial.log", "wb") as log_file:
@@ -302,8 +320,8 @@ def conf_dir(config: DictConfig) -> Path:
 
 
 def preset_conf_dir(config: DictConfig) -> Path:
-    """The conf/ a preset is written into: the project's, else the one composed from."""
-    return project_config_dir(config.hydra) or conf_dir(config)
+    """The conf/ a preset is written into (``feedrate.project.preset_config_dir``)."""
+    return preset_config_dir(config.hydra) or conf_dir(config)  # conf_dir raises: none
 
 
 def base_args(config: DictConfig) -> list[str]:

@@ -1,0 +1,260 @@
+"""Eight ranks share one node's cores: the per-rank preset of a multi-rank sweep, measured
+with every rank running, against a per-rank grid and what such jobs run today.
+
+    python benchmarks/ranks_bench.py                              # synthetic, photos; 2 ranks
+    python benchmarks/ranks_bench.py --workloads synthetic --ranks 2 --rounds 3
+
+For each workload, in one run on one machine:
+1. the default loader sweep for one process (``bench_<workload>``), whose preset a run under
+   torchrun divides between its ranks today;
+2. the same sweep with ``sweep.ranks_per_node=<ranks>`` (``bench_<workload>_<ranks>ranks``):
+   every trial torchrun with that many ranks, the search per rank;
+3. a per-rank grid (``num_workers`` x ``prefetch_factor``), each point once, every run
+   ``torchrun --nproc_per_node=<ranks>`` with all ranks running;
+4. in ``--rounds`` alternating rounds: the tuned per-rank preset, the grid's best point,
+   Lightning's per-rank formula (max(1, cores // ranks - 1)), the one-process preset divided
+   between the ranks, and ``recipe`` per rank.
+Reported: the job's samples/s (the ranks' sum over one window), each rank's data-wait share,
+and every ratio to the tuned preset with its 95% interval over the paired rounds (a win or a
+loss only when the interval excludes 1.0). Target: tuned / best of the grid >= 0.9.
+
+Writes results.json, table.md and ranks.png under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from feedrate import stats
+from feedrate.environment import git_commit
+from feedrate.hardware import detect, usable_cores
+from feedrate.sweep.trial import Fresh, run_trial
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loader_bench import MEASURE, WORKLOADS, run_sweep  # noqa: E402
+
+DEFAULT_WORKLOADS = ["synthetic", "photos"]
+GRID_WORKERS = (0, 1, 2, 4, 8, 16, 32)  # each rank's
+GRID_PREFETCH = (2, 8)
+TARGET = 0.9  # tuned / best of the grid
+TUNED, BEST_GRID, LIGHTNING, DIVIDED, RECIPE = (
+    "tuned",
+    "best_grid",
+    "lightning",
+    "divided",
+    "recipe",
+)
+
+
+def one_process(workload: str) -> str:
+    return f"bench_{workload}"
+
+
+def per_rank(workload: str, ranks: int) -> str:
+    return f"bench_{workload}_{ranks}ranks"
+
+
+def grid(workers=GRID_WORKERS, prefetch=GRID_PREFETCH) -> dict[str, list[str]]:
+    out = {}
+    for n in workers:
+        for p in prefetch if n else [None]:
+            name = f"grid_{n}" if p is None else f"grid_{n}x{p}"
+            out[name] = ["loader=default", f"loader.num_workers={n}"]
+            if p is not None:
+                out[name].append(f"loader.prefetch_factor={p}")
+    return out
+
+
+def contestants(workload: str, ranks: int, cores: int) -> dict[str, list[str]]:
+    """Each rank's settings (the runner says ``loader.per_rank=true``) but the divided one."""
+    return {
+        TUNED: [f"loader={per_rank(workload, ranks)}"],
+        LIGHTNING: ["loader=default", f"loader.num_workers={max(1, cores // ranks - 1)}"],
+        DIVIDED: [f"loader={one_process(workload)}", "loader.per_rank=false"],
+        RECIPE: ["loader=recipe"],
+    }
+
+
+def sweep(workload: str, name: str, out: Path, extra: list[str]) -> float:
+    """loader_bench's default sweep from scratch, writing ``name``; its log and study under
+    ``out``; its seconds."""
+    out.mkdir(parents=True, exist_ok=True)
+    args = argparse.Namespace(preset_name=name, extra=[], sweep_extra=extra, fresh=False)
+    return run_sweep(workload, out, args)["total"]
+
+
+def measure(
+    runner: Fresh, workload: str, name: str, overrides: list[str], r: int, out: Path, seconds
+) -> dict:
+    t0 = time.monotonic()
+    res = run_trial(
+        runner,
+        [*WORKLOADS[workload], *MEASURE, f"trainer.max_seconds={seconds}", *overrides],
+        out / workload / f"r{r}_{name}",
+        300,
+    )
+    wall = time.monotonic() - t0
+    m = res.metrics or {}
+    row = {
+        "name": name,
+        "round": r,
+        "ok": res.ok,
+        "reason": res.reason,
+        "samples_per_sec": res.value,
+        "ranks": [
+            {k: x.get(k) for k in ("samples_per_sec", "data_wait_frac", "measured_steps")}
+            for x in m.get("ranks") or []
+        ],
+        "num_workers": ((m.get("run") or {}).get("loader") or {}).get("num_workers"),
+        "prefetch_factor": ((m.get("run") or {}).get("loader") or {}).get("prefetch_factor"),
+        "wall_s": wall,
+    }
+    shown = f"{res.value:,.1f}" if res.ok else f"FAILED {res.reason}"
+    print(f"[{workload}] round {r + 1} {name:>14}: {shown} ({wall:.0f} s)", flush=True)
+    return row
+
+
+def verdicts(rows: list[dict]) -> dict:
+    by: dict[str, dict[int, float]] = {}
+    for x in rows:
+        if x["ok"] and x["round"] >= 1:  # the rounds; round 0 is the grid's single pass
+            by.setdefault(x["name"], {})[x["round"]] = x["samples_per_sec"]
+    medians = {n: statistics.median(v.values()) for n, v in by.items()}
+    versus = {}
+    for name in (BEST_GRID, LIGHTNING, DIVIDED, RECIPE):
+        if TUNED in by and name in by:
+            c = stats.compare(by[TUNED], by[name])
+            versus[name] = {**c.as_dict(), "text": c.describe()} if c is not None else None
+    waits = {
+        n: [r["data_wait_frac"] for x in rows if x["name"] == n and x["ok"] for r in x["ranks"]]
+        for n in by
+    }
+    grid_best = versus.get(BEST_GRID)
+    return {
+        "medians": medians,
+        "versus": versus,
+        "data_wait": {n: statistics.median(w) for n, w in waits.items() if w},
+        "pass": grid_best is not None and grid_best["ratio"] >= TARGET,
+    }
+
+
+def table(results: dict, ranks: int) -> str:
+    lines = [
+        f"{ranks} ranks on this node, every run torchrun with all of them; samples/s of the job"
+        " (the ranks' sum over one window), median of the rounds; ratios tuned / other are"
+        " geometric means of the paired rounds with 95% intervals.",
+        "",
+        "| workload | tuned (per rank) | best of the grid | tuned / grid (>= 0.9) |"
+        " tuned / lightning | tuned / divided one-process preset | tuned / recipe per rank |"
+        " data wait (tuned, ranks' median) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for workload, res in results.items():
+        v = res["verdicts"]
+        m, vs = v["medians"], v["versus"]
+
+        def text(key: str, vs: dict = vs) -> str:
+            return vs[key]["text"] if vs.get(key) else "-"
+
+        wait = v["data_wait"].get(TUNED)
+        lines.append(
+            f"| {workload} | {m.get(TUNED, 0):,.0f} ({res['tuned_settings']}) |"
+            f" {m.get(BEST_GRID, 0):,.0f} ({res['best_grid']}) |"
+            f" {text(BEST_GRID)}: {'MET' if v['pass'] else 'MISS'} | {text(LIGHTNING)} |"
+            f" {text(DIVIDED)} | {text(RECIPE)} | {'-' if wait is None else f'{wait:.2f}'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+    for ax, (workload, res) in zip(axes[0], results.items(), strict=True):
+        m = res["verdicts"]["medians"]
+        names = [n for n in (TUNED, BEST_GRID, LIGHTNING, DIVIDED, RECIPE) if n in m]
+        ax.bar(names, [m[n] for n in names], color=["C2", "C0", "C1", "C3", "C7"][: len(names)])
+        ax.set_title(f"{workload}: {res['ranks']} ranks, job samples/s")
+        ax.set_ylabel("samples/s (sum over ranks)")
+        ax.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def settings_of(path: Path) -> str:
+    preset = OmegaConf.load(path)
+    rank = "per rank" if preset.get("per_rank") else "the machine's"
+    return f"{preset.get('num_workers')} workers x prefetch {preset.get('prefetch_factor')}, {rank}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS, choices=WORKLOADS)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0, help="each run's window")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--skip-sweeps", action="store_true", help="reuse conf/loader/bench_*")
+    args = parser.parse_args()
+    fp = detect()
+    cores = max(1, int(usable_cores()))
+    out = args.out or ROOT / "benchmarks" / "results" / (
+        f"{datetime.now():%Y-%m-%d}_cpu-{cores}core-{args.ranks}ranks"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {fp.short()}\noutput: {out}", flush=True)
+    runner = Fresh(ROOT / "train.py", args.ranks)
+    results = {}
+    for workload in args.workloads:
+        sweeps = {}
+        if not args.skip_sweeps:
+            alone = one_process(workload)
+            sweeps["one_process"] = sweep(workload, alone, out / "one_process", [])
+            ranked = [f"sweep.ranks_per_node={args.ranks}", f"sweep.divided={alone}"]
+            name = per_rank(workload, args.ranks)
+            sweeps["per_rank"] = sweep(workload, name, out / "per_rank", ranked)
+        rows = []
+        points = grid()
+        for name, overrides in points.items():
+            rows.append(measure(runner, workload, name, overrides, 0, out, args.seconds))
+        ok = [x for x in rows if x["ok"]]
+        best = max(ok, key=lambda x: x["samples_per_sec"])["name"]
+        print(f"[{workload}] best of the grid: {best}", flush=True)
+        runs = {**contestants(workload, args.ranks, cores), BEST_GRID: points[best]}
+        for r in range(1, args.rounds + 1):
+            order = list(runs) if r % 2 else list(runs)[::-1]
+            rows += [measure(runner, workload, n, runs[n], r, out, args.seconds) for n in order]
+        results[workload] = {
+            "ranks": args.ranks,
+            "sweep_s": sweeps,
+            "best_grid": best,
+            "tuned_settings": settings_of(
+                ROOT / "conf" / "loader" / f"{per_rank(workload, args.ranks)}.yaml"
+            ),
+            "rows": rows,
+            "verdicts": verdicts(rows),
+        }
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    text = table(results, args.ranks)
+    (out / "table.md").write_text(text)
+    (out / "command.txt").write_text(f"python {' '.join(sys.argv)}\ncommit {git_commit() or '?'}\n")
+    plot(results, out / "ranks.png")
+    print(text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
