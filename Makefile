@@ -20,7 +20,7 @@ train: $(STAMP)
 
 # Every test, the slow ones too (plain pytest leaves them out: see pyproject.toml)
 test: $(STAMP)
-	$(PY) -m pytest -m ""
+	$(PY) -m pytest -m "" --durations=25
 
 test-fast: $(STAMP)
 	$(PY) -m pytest

@@ -372,12 +372,14 @@ class _Planned:
         return [c.workers for c in self.tuner.candidates]
 
 
-def test_the_search_deepens_the_fastest_seed_then_climbs_while_more_workers_are_faster(compose):
+def test_the_search_deepens_the_fastest_seed_then_climbs_while_more_workers_are_faster(
+    compose, monkeypatch
+):
     """Reads that stall scale past the top seed: the fastest seed is tried once with a deeper
     queue, then twice its workers (at the depth that won), and so on up to the search's bound
     (64 on 2 cores); data that peaks early is not climbed, only deepened."""
-    cores = int(usable_cores())
-    seeds = sorted({min(64, k * cores) for k in (1, 4, 16)})
+    monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)  # seeds 2, 8, 32
+    seeds = [2, 8, 32]
     budget = ["trainer.autotune.budget_s=600", "trainer.autotune.max_workers=64"]
     shallow = ["loader.num_workers=0", "loader.prefetch_factor=null"]
 
@@ -394,7 +396,7 @@ def test_the_search_deepens_the_fastest_seed_then_climbs_while_more_workers_are_
         return 100.0 * (1 + workers) * (2 if deeper else 1)
 
     deep.workers_tried(rates, 1 + len(seeds) + 3)
-    climb = [w for w in (2 * seeds[-1], 4 * seeds[-1]) if w <= 64] or [64]
+    climb = [64]
     assert tried(deep)[: 2 + len(seeds) + len(climb)] == [
         (0, None),
         *[(w, 2) for w in seeds],
@@ -532,13 +534,15 @@ def test_a_candidates_memory_is_the_peak_of_its_own_readings(monkeypatch):
 
 
 @pytest.mark.parametrize(("budget", "wider"), [(75, True), (60, False)])
-def test_a_wider_loader_is_tried_only_when_it_would_start_in_time(compose, budget, wider):
+def test_a_wider_loader_is_tried_only_when_it_would_start_in_time(
+    compose, monkeypatch, budget, wider
+):
     """Start-up grows with the workers: the top seed (32 workers on 2 cores) took 15 s, so
     twice as many are predicted at 28 s (2 s of window, 13 s of start-up twice over). After
     the seeds and the deeper queue (43 s), with 32 s left they are tried; with 17 s they are
     not, nor any setting of the search that would not start in time."""
-    cores = int(usable_cores())
-    seeds = [cores, 4 * cores, 16 * cores]
+    monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)
+    seeds = [2, 8, 32]
     planned = _Planned(
         compose,
         "loader.num_workers=0",

@@ -8,20 +8,35 @@ import pytest
 import torch
 import yaml
 
+from feedrate import hardware, provenance
+from feedrate.sweep.preset import render
+
 from .conftest import run_cli, run_torchrun, shrink
 
 
 @pytest.mark.slow
-def test_two_ranks_train_one_model_by_time_and_sum_their_throughput_over_one_window(tmp_path):
+def test_two_ranks_train_one_model_by_time_and_sum_their_throughput_over_one_window(
+    tmp_path, compose
+):
     """Streaming and stopped by the clock, as a sweep's trial measures: each rank measures the
-    steps rank 0 measures, so the job's figure is a sum over one window."""
-    overrides = ["loader.num_workers=2", "trainer.stream=true", "trainer.max_steps=null"]
-    timed = ["trainer.max_seconds=2", f"hydra.run.dir={tmp_path}"]
-    proc = run_torchrun(2, *shrink([*overrides, *timed]))
+    steps rank 0 measures, so the job's figure is a sum over one window. The preset, measured
+    here for one process, says it was tuned for one rank."""
+    overrides = ["trainer.stream=true", "trainer.max_steps=100000", "trainer.max_seconds=2"]
+    cfg = compose(*overrides)
+    fp = hardware.detect()
+    here = provenance.Here.of(cfg, fp, hardware.resolve(cfg.hardware, fp))  # one process
+    measured_on = {"machine": here.machine, "workload": here.workload, "samples_per_sec": 100.0}
+    (tmp_path / "conf" / "loader").mkdir(parents=True)
+    preset = tmp_path / "conf" / "loader" / "alone.yaml"
+    preset.write_text(render({"num_workers": 2}, ["one process"], measured_on))
+    run = [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={tmp_path}"]
+    proc = run_torchrun(2, *shrink([*overrides, "loader=alone", *run]))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "rank 1 of 2 (local 1 of 2) on cpu, backend gloo" in out
     assert "loader.num_workers=2 is the machine's: 1 per rank for 2 ranks on it" in out
+    said = "loader=alone was measured elsewhere: the workload differs (ranks_per_node 1 -> 2)"
+    assert said in out and "sweep.ranks_per_node=2" in out
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["world_size"] == 2 and len(m["ranks"]) == 2
     first, second = m["ranks"]

@@ -196,16 +196,16 @@ def test_under_torchrun_every_rank_measures_the_steps_rank_0_measures():
 
     heard = iter(said)
     ranks = [
-        Run(total=10_000, max_seconds=1.0, agree=rank0),
+        Run(total=10_000, max_seconds=0.99, agree=rank0),
         Run(
             total=10_000,
-            max_seconds=1.0,
+            max_seconds=0.99,
             backlog=12,
             steady_state=True,
             agree=lambda _: next(heard),
         ),
     ]
-    alone = Run(total=10_000, max_seconds=1.0, backlog=12, steady_state=True)
+    alone = Run(total=10_000, max_seconds=0.99, backlog=12, steady_state=True)
     alone.steps(10_000, compute=0.02)
     for i in range(10_000):
         ended = [ranks[0].steps(1), ranks[1].steps(1, compute=0.02)]

@@ -77,6 +77,7 @@ def test_a_preset_tuned_for_another_number_of_ranks_says_what_it_was_tuned_for(h
     assert "sweep.preset_name=tuned_2core_here sweep.ranks_per_node=2" in warning
     before = {k: v for k, v in one["workload"].items() if k != "ranks_per_node"}
     assert provenance.travel_warning("old", {**one, "workload": before}, here) is None
+    (tmp_path / "default.yaml").write_text("num_workers: 0\n")
     _write(tmp_path, "one_process", {"num_workers": 8}, one)
     assert provenance.measured_here(tmp_path, here, False)[0] == "one_process"
     assert provenance.measured_here(tmp_path, two_ranks, False) is None

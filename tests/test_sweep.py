@@ -29,9 +29,10 @@ import yaml
 from omegaconf import OmegaConf
 
 import feedrate
-from feedrate import stats
+from feedrate import hardware, stats
 from feedrate.config import Measure
 from feedrate.errors import ConfigError
+from feedrate.resolvers import workload_key
 from feedrate.sweep import ceiling
 from feedrate.sweep.decide import (
     Contestant,
@@ -381,10 +382,23 @@ def test_with_ranks_on_the_node_the_search_is_each_ranks_share(compose, monkeypa
     checked("sweep.ranks_per_node=2")
     with pytest.raises(ConfigError, match=r"sweep.ranks_per_node=0 must be at least 1"):
         checked("sweep.ranks_per_node=0")
+    # a trial's early stop compares a rank's rate: the floor is a rank's share of the job's
+    from hydra_plugins.feedrate_launcher.trial_launcher import FeedrateTrialLauncher
+
+    launcher = FeedrateTrialLauncher()
+    launcher.best = 1000.0
+    floor = launcher._abandon(compose("sweep=loader", "sweep.ranks_per_node=2"), "samples_per_sec")
+    assert floor == ["trainer.abandon_below=250.0"]
+    # another study and another preset than the one-process sweep's, which stays
+    one, two = compose("sweep=loader"), compose("sweep=loader", "sweep.ranks_per_node=2")
+    assert two.sweep.preset_name == f"{one.sweep.preset_name}_2ranks"
+    assert workload_key(one) != workload_key(two)
+    assert workload_key(one) == workload_key(compose("sweep=loader", "sweep.ranks_per_node=1"))
     monkeypatch.setattr("feedrate.sweep.space.torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("feedrate.sweep.space.torch.cuda.device_count", lambda: 1)
     with pytest.raises(ConfigError, match=r"ranks_per_node=2 but 1 GPU\(s\) here"):
         checked("sweep.ranks_per_node=2")
+    checked("sweep.ranks_per_node=2", "hardware=cpu")  # gloo on the CPU: any number
 
 
 def test_the_seeds_bound_the_workers_searched_once_the_rate_falls_past_the_best():
@@ -503,6 +517,18 @@ def test_guard_skips_what_would_not_fit():
         {"loader": {"num_workers": 48, "prefetch_factor": None, "batch_size": 1}}
     )
     assert "predicted memory 5,414 MB" in guard.check(big).reason
+    # two ranks on the node: their peaks summed (two trees of 600 + 4 x 100), one rank's
+    # footprint learned, and a setting predicted for both
+    ranks = OmegaConf.merge(cfg, {"sweep": {"ranks_per_node": 2}})
+    pair = FeasibilityGuard()
+    pair.ram_budget_mb = pair.shm_budget_mb = 1e9
+    metrics = {"peak_pss_mb": 2000.0, "peak_main_pss_mb": 600.0, "run": {"sample_bytes": 150528}}
+    pair.learn(ranks, TrialResult([], "ok", metrics=metrics))
+    assert pair.footprint_of(ranks) == Footprint(600.0, 100.0, 150528)
+    both = predict(ranks.loader, pair.footprint_of(ranks), 2)
+    assert both == pytest.approx((2 * 1073.5, 2 * 73.5))
+    pair.ram_budget_mb = 2000.0
+    assert "predicted memory 2,147 MB (2 ranks x (main 600 MB" in pair.check(ranks).reason
 
 
 def test_a_stream_bounds_the_workers_by_its_shards(monkeypatch):
@@ -886,11 +912,14 @@ def test_a_two_rank_sweep_tunes_each_rank_with_both_running(project):
         j.name: json.loads((j / "metrics.json").read_text())["run"]["loader"]["num_workers"]
         for j in jobs
     }
-    assert loaders["round0_lightning"] == 1  # max(1, 2 cores // 2 ranks - 1), each rank's
+    lightning = max(1, int(hardware.usable_cores()) // 2 - 1)  # its formula, each rank's
+    assert loaders["round0_lightning"] == lightning
     assert loaders["round0_recipe"] == 4  # recipe's 4 workers, each rank's
     assert loaders["round0_recipe_divided"] == 2  # recipe's 4, divided as torchrun runs it
     text = (project / "conf" / "loader" / "ranks.yaml").read_text()
     assert text.startswith("# torchrun --nproc_per_node=2 train.py loader=ranks\n")
+    again = "# Re-measure the winner as the sweep did: torchrun --nproc_per_node=2 train.py"
+    assert f"{again} loader.per_rank=true " in text and "# Measured with 2 ranks" in text
     preset = OmegaConf.load(project / "conf" / "loader" / "ranks.yaml")
     assert preset.measured_on.workload.ranks_per_node == 2
     decided = OmegaConf.load(sweep_dir / "final_decision.yaml")

@@ -4,7 +4,8 @@ torchrun starts one process per rank and sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_
 ``LOCAL_WORLD_SIZE``. Each rank drives one device (``cuda:<local rank>``, or the CPU with the
 gloo backend), reads its own shard of every epoch (``DistributedSampler``) through its own
 DataLoader, and trains a ``DistributedDataParallel`` replica. ``loader.num_workers`` is the
-machine's budget (what a preset tuned on the whole machine says), split between the ranks on it.
+machine's budget (what a preset tuned on the whole machine says), split between the ranks on it,
+unless ``loader.per_rank`` says it is each rank's (a preset from ``sweep.ranks_per_node``).
 Rank 0 writes the outputs; metrics are gathered from every rank (global samples/s is the sum).
 """
 

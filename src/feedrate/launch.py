@@ -50,7 +50,8 @@ from feedrate.project import (
     project_dir,
 )
 from feedrate.stream import is_resumable, is_stream, length
-from feedrate.trainer import Checkpoints, TrainResult, planned_steps, train
+from feedrate.sweep import trial
+from feedrate.trainer import Checkpoints, TrainResult, agreed, planned_steps, train
 from feedrate.workload import (
     Kept,
     Workload,
@@ -156,6 +157,10 @@ def run(
     with _opened(cfg, output_dir) as this:
         saved = _checkpoint_to_continue(this)
         work = build(cfg, this.hw, this.ranks, kept)
+        epochs = not cfg.trainer.stream  # a stream read again and again never runs out
+        if this.ranks.enabled and is_stream(work.dataset) and epochs and agreed(cfg.trainer):
+            fix = "stream it (trainer.stream=true), or train by steps or epochs alone"
+            _check_even_stream(this, work, "measuring by time under torchrun ends", fix)
         # the tuner's loader first: a stream's position is restored into it
         tuner = _tuner(this, work, saved) if cfg.loader.autotune else None
         resume = _restore(this, work, saved)
@@ -170,7 +175,9 @@ def _tuner(run: Run, work: Workload, saved: dict | None) -> Tuner:
     left the tuning, or a check of the preset measured here, or a new search."""
     cfg, state = run.cfg, (saved or {}).get("autotune")
     if is_stream(work.dataset) and run.ranks.enabled:
-        _check_even_stream(run, work)
+        what = "loader=autotune under torchrun switches every rank's loader"
+        fix = "tune with one process and run the preset it writes under torchrun"
+        _check_even_stream(run, work, what, fix)
     here = provenance.Here.of(cfg, run.fingerprint, run.hw, _overrides())
     directory = _preset_dir()
     found = None
@@ -192,19 +199,17 @@ def _tuner(run: Run, work: Workload, saved: dict | None) -> Tuner:
     return tuner
 
 
-def _check_even_stream(run: Run, work: Workload) -> None:
-    """Every rank asks rank 0 at every tuning step whether to switch, so every rank must
-    reach its stream's epoch end at the same step: the same number of samples on every
-    rank."""
+def _check_even_stream(run: Run, work: Workload, what: str, fix: str) -> None:
+    """Every rank asks rank 0 at the same steps (whether to switch loaders, whether measuring
+    is over), so every rank must reach its stream's epoch end at the same step: the same
+    number of samples on every rank."""
     sizes = distributed.gather_all(length(work.dataset), run.ranks)
     if None in sizes or len(set(sizes)) > 1:
         raise ConfigError(
-            f"loader=autotune under torchrun switches every rank's loader at the same step, and"
-            f" needs every rank to reach its stream's epoch end at the same step; the ranks'"
-            f" shares of"
-            f" {type(work.dataset).__qualname__} hold {sizes} samples. Tune with one process"
-            " (python train.py loader=autotune ...) and run the preset it writes under"
-            " torchrun, or give every rank the same number of samples"
+            f"{what} at the same step on every rank, and needs every rank to reach its"
+            f" stream's epoch end at the same step; the ranks' shares of"
+            f" {type(work.dataset).__qualname__} hold {sizes} samples. Give every rank the"
+            f" same number of samples, or {fix}"
         )
 
 
@@ -213,6 +218,8 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
     """The ranks joined, the hardware resolved, one output directory, seeds and threads set;
     the ranks leave at the end."""
     ranks = distributed.from_env()
+    if ranks.enabled and os.environ.get(trial.DIE_WITH_PARENT):  # a sweep's torchrun trial
+        trial.die_with_parent(os.getppid())  # torchrun starts each rank in its own session
     fingerprint = hardware.detect(cfg.dataset.get("root") or cfg.dataset.get("path"))
     if ranks.is_main:
         log.info("hardware fingerprint: %s", fingerprint.short())

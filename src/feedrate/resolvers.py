@@ -12,16 +12,19 @@ from omegaconf import DictConfig, OmegaConf
 from feedrate import hardware
 
 
-def default_preset_name() -> str:
-    """``tuned_<cores>core_<cpu|gpu model>``, e.g. ``tuned_2core_cpu``, ``tuned_16core_h200``."""
+def default_preset_name(ranks_per_node: int = 1) -> str:
+    """``tuned_<cores>core_<cpu|gpu model>``, e.g. ``tuned_2core_cpu``, ``tuned_16core_h200``;
+    ``_<N>ranks`` after it for a sweep of ``sweep.ranks_per_node`` N, whose preset is each
+    rank's (the one-process preset of the same machine is another, and stays)."""
     fp = hardware.detect()
     cores = int(fp.usable_cores)
+    ranks = f"_{ranks_per_node}ranks" if ranks_per_node > 1 else ""
     if fp.gpu_name:
         words = [w for w in fp.gpu_name.lower().replace("-", " ").split() if w != "nvidia"]
         numbered = [w for w in words if any(c.isdigit() for c in w)]
         model = (numbered or words or ["gpu"])[0]
-        return f"tuned_{cores}core_{model}"
-    return f"tuned_{cores}core_cpu"
+        return f"tuned_{cores}core_{model}{ranks}"
+    return f"tuned_{cores}core_cpu{ranks}"
 
 
 def workload_key(root: DictConfig) -> str:
@@ -41,7 +44,14 @@ def workload_key(root: DictConfig) -> str:
         "trainer": OmegaConf.to_container(root.trainer, resolve=True, enum_to_str=True),
         "objective": root.objective,
     }
+    ranks = int((root.get("sweep") or {}).get("ranks_per_node") or 1)
+    if ranks > 1:  # per-rank trials are another study (one-process studies keep their names)
+        parts["ranks_per_node"] = ranks
     return hashlib.sha1(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def preset_name(*, _root_: DictConfig) -> str:
+    return default_preset_name(int((_root_.get("sweep") or {}).get("ranks_per_node") or 1))
 
 
 def workload(*, _root_: DictConfig) -> str:
@@ -88,7 +98,7 @@ def config_groups() -> str:
 def register_resolvers() -> None:
     for name, fn, cache in [
         ("feedrate_config_groups", config_groups, False),
-        ("feedrate_preset_name", default_preset_name, True),
+        ("feedrate_preset_name", preset_name, False),
         ("feedrate_study_name", study_name, False),
         ("feedrate_study_storage", study_storage, False),
         ("feedrate_workload", workload, False),

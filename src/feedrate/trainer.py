@@ -342,8 +342,16 @@ def _meter(
         sync=lambda: _sync(hw.device),
         bar=bar,
         drift=drift,
-        agree=functools.partial(distributed.flag, ranks=ranks),
+        **({"agree": functools.partial(distributed.flag, ranks=ranks)} if agreed(cfg) else {}),
     )
+
+
+def agreed(cfg: DictConfig) -> bool:
+    """Does measuring end by what a rank sees (its clock, its rate, a stream without end)?
+    Then under torchrun every rank takes rank 0's word at the same steps (``Meter.agree``);
+    by steps or epochs alone each rank knows, and asks nothing (a stream's ranks may then
+    run out at different steps, which DDP's join covers)."""
+    return cfg.max_seconds is not None or cfg.abandon_below is not None or bool(cfg.stream)
 
 
 def train(

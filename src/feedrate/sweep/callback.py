@@ -233,7 +233,13 @@ class LoaderSweep(Callback):
             shown(sweeper.storage),
             earlier,
             sweeper.n_trials,
-            "a warm trial host" if config.hydra.launcher.get("warm", True) else "fresh processes",
+            (
+                f"a fresh torchrun job of {ranks_per_node(config)} ranks each"
+                if ranks_per_node(config) > 1
+                else "a warm trial host"
+                if config.hydra.launcher.get("warm", True)
+                else "fresh processes"
+            ),
             config.hydra.launcher.timeout_s,
             config.sweep.finalists,
             100 * config.sweep.finalist_within,
@@ -465,6 +471,17 @@ def _one_process_preset(config: DictConfig) -> str | None:
     return found[0] if found else None
 
 
+def _launched(ranks: int) -> str:
+    """The command that runs this program with ``ranks`` on the node: ``python train.py``
+    (``feedrate train``), under ``torchrun --nproc_per_node=<ranks>`` when more than one."""
+    run = command()
+    if ranks == 1:
+        return run
+    script = run.removeprefix("python ")
+    plain = "--no-python " if script == run else ""  # the feedrate command: no script
+    return f"torchrun --nproc_per_node={ranks} {plain}{script}"
+
+
 def _slug(c: Contestant) -> str:
     return c.name.replace(" ", "_")
 
@@ -488,18 +505,10 @@ def _preset_header(
     afresh = [a for a in base_args(config) if not a.startswith("sweep.study_dir=")]
     fresh = f"{config.sweep.study_dir}/{datetime.now():%Y-%m-%d_%H-%M-%S}"
     ranks = ranks_per_node(config)
-    run = f"{command()} loader={name}"
-    if ranks > 1:  # each rank's settings, measured with that many ranks on the node
-        script = run.removeprefix("python ")
-        plain = "--no-python " if script == run else ""  # the feedrate command: no script
-        run = f"torchrun --nproc_per_node={ranks} {plain}{script}"
+    each = "each rank's (per_rank: true)" if winner.loader().get("per_rank") else "the node's"
     lines = [
-        run,
-        *(
-            [f"Per rank (per_rank: true), measured with {ranks} ranks on one node."]
-            if ranks > 1
-            else []
-        ),
+        f"{_launched(ranks)} loader={name}",
+        *([f"Measured with {ranks} ranks on one node; its workers are {each}."] * (ranks > 1)),
         f"Measured {datetime.now().isoformat(timespec='seconds')} by a loader sweep, study"
         f" {study.study_name}.",
         f"Winner: {winner.name}, median {winner.median:,.1f} samples/s"
@@ -529,8 +538,8 @@ def _preset_header(
         _memory_line(measured, memory_budget(config)),
         f"Software: {environment.short(measured_on)}.",
         # a final run's own command line, the final window included
-        f"Re-measure the winner as the sweep did: {command()} "
-        + " ".join(winner.ok_result().overrides),
+        f"Re-measure the winner as the sweep did: {_launched(ranks)} "
+        + " ".join([*(["loader.per_rank=true"] * (ranks > 1)), *winner.ok_result().overrides]),
         f"Re-run the sweep afresh (a new study): {command()} -m "
         + " ".join([*afresh, *hydra_args(config), f"sweep.study_dir={fresh}"]),
         "Plain data: the DataLoader's own arguments (and thread counts) on top of"

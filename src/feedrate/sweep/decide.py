@@ -123,7 +123,12 @@ class Contestant:
         """Cheaper first: fewer workers, then less memory (:func:`run_memory_mb`, the one
         measure of a run's memory: docs/design.md, "Memory readings")."""
         mem = [run_memory_mb(r.metrics) or 0.0 for r in self.results if r.ok]
-        return (self.loader().get("num_workers", 0), statistics.median(mem) if mem else 0.0)
+        # the workers a rank ran (under torchrun a config may say the machine's, divided)
+        first = self.ok_result()
+        ran = ((first.metrics if first else {}) or {}).get("run") or {}
+        ran = ran.get("loader") or {}
+        workers = ran.get("num_workers", self.loader().get("num_workers", 0))
+        return (workers, statistics.median(mem) if mem else 0.0)
 
 
 def twins(settings: list[tuple[str, dict | None]]) -> dict[str, str]:

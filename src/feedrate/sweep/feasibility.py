@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from feedrate.hardware import available_memory, memory_allocation, shm_bytes
+from feedrate.sweep.space import ranks_per_node
 
 log = logging.getLogger(__name__)
 MB = 2**20
@@ -32,19 +33,20 @@ class Footprint:
     sample_bytes: int = 0  # one sample as the loader moves it
 
 
-def predict(loader: DictConfig, fp: Footprint) -> tuple[float, float]:
+def predict(loader: DictConfig, fp: Footprint, ranks: int = 1) -> tuple[float, float]:
     """(memory MB, shared memory MB) that ``loader`` is predicted to need at peak: the memory
     as :func:`run_memory_mb` counts it (the processes, and the batches in /dev/shm), and
-    the batches alone, which /dev/shm must also hold."""
+    the batches alone, which /dev/shm must also hold; for ``ranks`` on the node, each with
+    ``loader`` (``fp`` is one rank's)."""
     workers = loader.num_workers
     processes = fp.main_mb + workers * fp.per_worker_mb
     if workers == 0:
-        return processes, 0.0
+        return ranks * processes, 0.0
     prefetch = loader.prefetch_factor or 2
     batch_mb = loader.batch_size * fp.sample_bytes / MB
     # Batches in flight: `prefetch` per worker, each in a shared-memory segment.
     shm = workers * prefetch * batch_mb
-    return processes + shm, shm
+    return ranks * (processes + shm), ranks * shm
 
 
 def run_memory_mb(metrics: dict | None) -> float | None:
@@ -128,11 +130,12 @@ class FeasibilityGuard:
         if not m or not m.get("peak_pss_mb"):
             return
         workers = cfg.loader.num_workers
+        ranks = ranks_per_node(cfg)  # the job's peak is its ranks' summed: one rank's here
         self.main_mb = max(self.main_mb, m["peak_main_pss_mb"])
         self.sample_bytes = max(self.sample_bytes, m.get("run", {}).get("sample_bytes", 0))
         if workers > 0:
             method = _method(cfg, m)
-            per = (m["peak_pss_mb"] - m["peak_main_pss_mb"]) / workers
+            per = (m["peak_pss_mb"] / ranks - m["peak_main_pss_mb"]) / workers
             self.per_worker_mb[method] = max(self.per_worker_mb.get(method, 0.0), per)
         self.learned = True
 
@@ -155,12 +158,15 @@ class FeasibilityGuard:
         fp = self.footprint_of(cfg) if self.learned else None
         if fp is None:
             return None
-        memory, shm = predict(cfg.loader, fp)
-        parts = (
+        ranks = ranks_per_node(cfg)
+        memory, shm = predict(cfg.loader, fp, ranks)
+        processes = (
             f"main {fp.main_mb:,.0f} MB + {cfg.loader.num_workers} workers x"
-            f" {fp.per_worker_mb:,.0f} MB ({_method(cfg, {})}) + {shm:,.0f} MB of batches in"
-            " /dev/shm, which is RAM"
+            f" {fp.per_worker_mb:,.0f} MB ({_method(cfg, {})})"
         )
+        if ranks > 1:
+            processes = f"{ranks} ranks x ({processes})"
+        parts = f"{processes} + {shm:,.0f} MB of batches in /dev/shm, which is RAM"
         if self.budget is not None and memory > self.budget.mb:
             return Skip(
                 f"predicted memory {memory:,.0f} MB ({parts}) exceeds the memory budget"
@@ -176,7 +182,8 @@ class FeasibilityGuard:
         if shm > self.shm_budget_mb:
             return Skip(
                 f"predicted shared memory {shm:,.0f} MB ({cfg.loader.num_workers} workers x"
-                f" prefetch {cfg.loader.prefetch_factor or 2} x batch of {cfg.loader.batch_size})"
+                f" prefetch {cfg.loader.prefetch_factor or 2} x batch of {cfg.loader.batch_size}"
+                f"{f' x {ranks} ranks' if ranks > 1 else ''})"
                 f" exceeds the budget {self.shm_budget_mb:,.0f} MB"
                 f" ({self.budget_frac:.0%} of free /dev/shm; raise it with docker --shm-size)",
                 memory,

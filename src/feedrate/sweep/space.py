@@ -225,6 +225,12 @@ def default_threads(ranks: int = 1) -> dict[str, int]:
     return {"loader.worker_threads": 1, "loader.main_threads": main}
 
 
+def on_gpu(cfg: DictConfig) -> bool:
+    """Does the model train on a GPU (a CUDA device here, and the hardware profile's)?"""
+    device = str(getattr(cfg.hardware.device, "value", cfg.hardware.device))
+    return device != "cpu" and torch.cuda.is_available()
+
+
 def search_threads(cfg: DictConfig) -> bool:
     """Search the workers' and the main process's threads? Where the model trains on the
     CPU the workers use (``sweep.search_threads: null``), as they split the cores between
@@ -233,10 +239,8 @@ def search_threads(cfg: DictConfig) -> bool:
     wanted = cfg.sweep.get("search_threads")
     if wanted is not None:
         return bool(wanted)
-    device = str(getattr(cfg.hardware.device, "value", cfg.hardware.device))
-    on_cpu = device == "cpu" or not torch.cuda.is_available()
     measure = getattr(cfg.trainer.measure, "value", cfg.trainer.measure)
-    return on_cpu and measure == "train" and hardware.usable_cores() >= 2
+    return not on_gpu(cfg) and measure == "train" and hardware.usable_cores() >= 2
 
 
 SEARCHED = (
@@ -278,11 +282,20 @@ def check_sweep(config: DictConfig) -> None:
     ranks = s.get("ranks_per_node", 1)
     if ranks < 1:
         problems.append(f"sweep.ranks_per_node={ranks} must be at least 1")
-    elif ranks > 1 and torch.cuda.is_available() and ranks > torch.cuda.device_count():
+    elif ranks > 1 and on_gpu(config) and ranks > torch.cuda.device_count():
         problems.append(
             f"sweep.ranks_per_node={ranks} but {torch.cuda.device_count()} GPU(s) here: each"
             " rank drives its own GPU (NCCL refuses two ranks on one); set it to at most"
             f" {torch.cuda.device_count()}, or tune on the CPU with hardware=cpu"
+        )
+    if (
+        ranks > 1
+        and config.loader.get("per_rank") is False
+        and any(a.startswith("loader.per_rank=") for a in config.hydra.overrides.task)
+    ):
+        problems.append(
+            f"loader.per_rank=false with sweep.ranks_per_node={ranks}: the search is each"
+            " rank's settings (every trial runs loader.per_rank=true); leave it out"
         )
     unknown = [m for m in s.start_methods if m not in ("fork", "forkserver", "spawn")]
     if unknown:

@@ -33,6 +33,8 @@ from feedrate.files import atomic_write_text
 from feedrate.project import preset_config_dir, primary_config_dir
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
+# Set for a torchrun trial's ranks: each dies with torchrun (launch.py), which dies with the sweep
+DIE_WITH_PARENT = "FEEDRATE_DIE_WITH_PARENT"
 OVER_BUDGET = "over budget"  # it ran, and used more memory than sweep.memory_budget_gb
 # Objectives a busy CPU distorts: a noisy measurement of one is taken again.
 THROUGHPUT = ("samples_per_sec", "consumed_samples_per_sec", "produced_samples_per_sec")
@@ -125,6 +127,19 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def kill_groups(pids: set[int]) -> None:
+    """Kill the process groups these trial processes lead: torchrun starts each rank in a
+    session of its own (with its DataLoader workers), which killing torchrun's group misses.
+    Only groups led by one of ``pids``, so nothing outside the trial is touched."""
+    for pid in pids:
+        try:
+            group = os.getpgid(pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+        if group in pids:
+            kill_group(group)
 
 
 def reap(pids: set[int], timeout: float = 2.0) -> None:
@@ -259,6 +274,7 @@ class Fresh:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=functools.partial(die_with_parent, os.getpid()),
+                env={**os.environ, DIE_WITH_PARENT: "1"} if self.ranks > 1 else None,
             )
             pids.add(proc.pid)
             timed_out = False
@@ -276,6 +292,8 @@ class Fresh:
                             break
             finally:  # also on Ctrl-C in the sweep: nothing of the trial outlives it
                 kill_group(proc.pid)  # workers orphaned by a crashed main process
+                pids |= descendants(proc.pid)
+                kill_groups(pids)  # torchrun's ranks, each in a session of its own
                 reap(pids)  # what the kill ended, so it counts as gone
                 remove_dead_shm(pids)
         duration = time.perf_counter() - t0

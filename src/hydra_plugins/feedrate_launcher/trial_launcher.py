@@ -232,11 +232,14 @@ class FeedrateTrialLauncher(Launcher):
             log.info("trial #%d %s (half the best so far)", idx, result.metrics["abandoned"])
 
     def _abandon(self, config: DictConfig, objective: str) -> list[str]:
-        """The override that ends a clearly worse trial early: below a share of the best."""
-        share = (config.get("sweep") or {}).get("abandon_below")
+        """The override that ends a clearly worse trial early: below a share of the best. A
+        meter compares it with its own rank's samples/s, so under ``sweep.ranks_per_node``
+        it is a rank's share of the job's floor."""
+        sweep = config.get("sweep") or {}
+        share, ranks = sweep.get("abandon_below"), max(1, int(sweep.get("ranks_per_node") or 1))
         if not share or self.best is None or objective != "samples_per_sec":
             return []
-        return [f"trainer.abandon_below={share * self.best:.1f}"]
+        return [f"trainer.abandon_below={share * self.best / ranks:.1f}"]
 
     def _loader_only_again(self, runner, job_dir: Path):
         """The ceiling's loader-only run once more, beside the trial that came near it (None
