@@ -664,25 +664,33 @@ def test_the_pareto_front_keeps_what_nothing_beats_on_both():
 # A trial in its own process
 
 
-def test_a_hanging_trial_is_killed_with_its_workers(tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_hanging_trial_is_killed_with_its_workers(tmp_path, ranks):
+    """A trial past its time limit is killed with every process it started: under torchrun
+    (``sweep.ranks_per_node``) each rank too, which torchrun starts in a session of its own."""
     script = tmp_path / "hang.py"
-    pidfile = tmp_path / "child.pid"
     script.write_text(
         textwrap.dedent(
             f"""
-            import subprocess, sys, time
+            import os, subprocess, sys, time
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-            open({str(pidfile)!r}, "w").write(str(child.pid))
+            rank = os.environ.get("RANK", "0")
+            open(os.path.join({str(tmp_path)!r}, f"pids.{{rank}}"), "w").write(
+                f"{{os.getpid()}} {{child.pid}}"
+            )
             time.sleep(600)
             """
         )
     )
+    limit = 3 if ranks == 1 else 15  # torchrun imports torch before it starts the ranks
     t0 = time.monotonic()
-    result = run_trial(Fresh(script), [], tmp_path / "job", timeout_s=3)
-    assert time.monotonic() - t0 < 30
-    assert result.status == "failed" and "timed out after 3 s" in result.reason
-    child = int(pidfile.read_text())
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+    result = run_trial(Fresh(script, ranks), [], tmp_path / "job", timeout_s=limit)
+    assert time.monotonic() - t0 < limit + 30
+    assert result.status == "failed" and f"timed out after {limit} s" in result.reason
+    started = [int(p) for f in sorted(tmp_path.glob("pids.*")) for p in f.read_text().split()]
+    assert len(started) == 2 * ranks, "every rank started, and its child"
+    for pid in started:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", pid
     assert TrialResult.load(tmp_path / "job").reason == result.reason
 
 

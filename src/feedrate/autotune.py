@@ -746,6 +746,7 @@ class Tuner:
         # the sweep's seeds are the machine's worker counts: each rank runs its share
         self.seeds = sorted({min(per_rank, max(1, n // local)) for n in seed_workers(node)})
         node.sweep.max_workers = per_rank
+        node.sweep.ranks_per_node = local  # from here on, the threads searched are a rank's
         return node
 
     def _open_study(self):
@@ -776,7 +777,7 @@ class Tuner:
             else:
                 self._study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         same = seed_settings(node)
-        threads = default_threads() if search_threads(node) else {}
+        threads = default_threads(self.ranks.local_world_size) if search_threads(node) else {}
         for workers in seeds:
             params = {"loader.num_workers": workers, **same, **threads}
             if not any(self._same(c.params, params) for c in self.candidates):
