@@ -220,6 +220,18 @@ def test_under_torchrun_every_rank_measures_the_steps_rank_0_measures():
     assert (alone.meter._warm_end, alone.step) != (2, ranks[1].step)  # alone, it differs
 
 
+def test_ranks_ask_rank_0_only_when_measuring_ends_by_what_a_rank_sees():
+    """By steps or epochs each rank knows when it is done, and asks nothing (a stream's ranks
+    may run out at different steps, which DDP's join covers; a broadcast would hang there);
+    by a clock, a rate or a stream without end, rank 0 decides for all."""
+    from feedrate.trainer import agreed
+
+    assert not agreed(trainer())
+    assert agreed(trainer(max_seconds=3.0))
+    assert agreed(trainer(abandon_below=100.0))
+    assert agreed(trainer(stream=True))
+
+
 def test_workers_delivering_in_bursts_are_measured_over_whole_bursts():
     # 4 workers started together: each burst is 4 batches after a 0.6 s wait for all of them.
     # Cut at the step the clock ran out, a trial ends on one batch for a whole burst's wait.
