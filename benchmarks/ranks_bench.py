@@ -40,7 +40,7 @@ from feedrate.sweep.trial import Fresh, run_trial
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loader_bench import MEASURE, WORKLOADS, run_sweep  # noqa: E402
+from loader_bench import MEASURE, WORKLOADS, grid_points, run_sweep  # noqa: E402
 
 DEFAULT_WORKLOADS = ["synthetic", "photos"]
 GRID_WORKERS = (0, 1, 2, 4, 8, 16, 32)  # each rank's
@@ -61,17 +61,6 @@ def one_process(workload: str) -> str:
 
 def per_rank(workload: str, ranks: int) -> str:
     return f"bench_{workload}_{ranks}ranks"
-
-
-def grid(workers=GRID_WORKERS, prefetch=GRID_PREFETCH) -> dict[str, list[str]]:
-    out = {}
-    for n in workers:
-        for p in prefetch if n else [None]:
-            name = f"grid_{n}" if p is None else f"grid_{n}x{p}"
-            out[name] = ["loader=default", f"loader.num_workers={n}"]
-            if p is not None:
-                out[name].append(f"loader.prefetch_factor={p}")
-    return out
 
 
 def contestants(workload: str, ranks: int, cores: int) -> dict[str, list[str]]:
@@ -252,7 +241,7 @@ def main() -> int:
             name = per_rank(workload, args.ranks)
             sweeps["per_rank"] = sweep(workload, name, out / "per_rank", ranked)
         rows = []
-        points = grid()
+        points = grid_points(GRID_WORKERS, GRID_PREFETCH)
         for name, overrides in points.items():
             rows.append(measure(runner, workload, name, overrides, 0, out, args.seconds))
         ok = [x for x in rows if x["ok"]]

@@ -177,11 +177,9 @@ def preset_values(loader: dict, with_batch_size: bool) -> dict:
     """The keys a preset records: the worker settings (and batch size if it was tuned)."""
     keys = [k for k in PRESET_KEYS if k != "batch_size" or with_batch_size]
     # PyTorch's own thread counts go unsaid: a preset moved to a bigger machine gets its default
-    # per_rank goes unsaid where false: the machine's workers, as every preset before it
-    unsaid = [k for k in keys if _default_threads(k, loader.get(k)) or k == "per_rank"]
-    values = {k: loader[k] for k in keys if k in loader and k not in unsaid}
-    if loader.get("per_rank"):
-        values["per_rank"] = True
+    values = {k: loader[k] for k in keys if k in loader and not _default_threads(k, loader[k])}
+    if not values.get("per_rank"):  # unsaid: the machine's workers, as every preset before it
+        values.pop("per_rank", None)
     return values
 
 
