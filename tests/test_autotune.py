@@ -115,6 +115,26 @@ def test_map_style_switches_mid_epoch_and_trains_every_sample_once_in_order(tmp_
     assert any(step % (N // BATCH) for step in _switch_steps(metrics)), "none mid-epoch"
 
 
+def test_switches_on_an_epochs_last_batch_shuffle_the_next_epoch_as_one_loader_would(
+    tmp_path, monkeypatch
+):
+    """Each candidate's measurement ends on an epoch's last batch: the next loader, built
+    fresh, shuffles the next epoch as the one loader of a plain run does, not as its first."""
+    from feedrate.autotune import Tuner
+
+    plain, tuned = tmp_path / "plain", tmp_path / "tuned"
+    for directory, loader in ((plain, []), (tuned, ["loader=autotune"])):
+        directory.mkdir()
+        monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(directory))
+        overrides = _counting("map", "trainer.epochs=3", *loader, *QUICK)
+        cfg = feedrate.compose(overrides, config_dir=CONF)
+        if loader:
+            monkeypatch.setattr(Tuner, "over", lambda self, done: self.steps % (N // BATCH) == 0)
+        metrics = feedrate.run(cfg, output_dir=directory / "run")
+    assert _switch_steps(metrics) == [N // BATCH, 2 * N // BATCH], "at the epochs' ends"
+    assert recorded(tuned) == recorded(plain)
+
+
 def test_a_stream_switches_mid_epoch_and_trains_every_sample_once(tmp_path, monkeypatch):
     """A resumable stream is read as fixed shares: 0, 2 and 8 workers go on from the shares'
     positions inside each epoch."""
@@ -575,3 +595,54 @@ def test_a_wider_loader_is_tried_only_when_it_would_start_in_time(
             seeds[-1],
             8,
         )
+
+
+def test_the_choice_is_the_fastest_or_a_cheaper_finalist_shown_within_the_margin():
+    """The sweep's rule: a cheaper finalist merely not shown slower is not taken."""
+    from feedrate.autotune import Candidate, decide
+
+    def finalist(name, workers, rounds):
+        return Candidate(name, {"loader.num_workers": workers}, rounds=dict(enumerate(rounds)))
+
+    fast = finalist("32 workers", 32, [2100, 2200, 2150])
+    noisy = finalist("16 workers", 16, [1700, 2250, 2000])  # 0.93x, wide
+    winner, why = decide([noisy, fast], 0.05)
+    assert winner is fast and "no other finalist shown within 5% of it" in why
+    tight = finalist("16 workers", 16, [2080, 2180, 2120])  # 0.99x, each round alike
+    winner, why = decide([tight, fast], 0.05)
+    assert winner is tight and "the cheapest of those within 5% of the fastest" in why
+    assert decide([noisy, fast], 0.5)[0] is noisy, "trainer.autotune.equivalence=0.5"
+    # fewer than 3 rounds: the fastest measured, no claim
+    winner, why = decide([finalist("8", 8, [2140, 2145]), finalist("32", 32, [2150, 2160])], 0.5)
+    assert winner.name == "32" and "no claim" in why
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_switched_in_at_an_epoch_end_shuffles_the_next_epoch_as_one_loader_would(workers):
+    """A fresh loader starts its shuffle from the seed: switched in at an epoch's end, it
+    trained the first epoch's order again. Nor is the state of the loader before it enough:
+    stopped at its last batch, its sampler had not drawn what it draws at its end."""
+    from feedrate.loader import build_loader, shuffle_after_pass
+
+    from .counting import Indexed
+
+    kwargs = {
+        **dict(batch_size=8, shuffle=True, num_workers=workers, pin_memory=False),
+        **dict(drop_last=False, timeout=0.0, persistent_workers=False),
+        **dict(prefetch_factor=2 if workers else None, multiprocessing_context=None),
+    }
+
+    def order(batches) -> list[int]:
+        return [int(i) for x, _ in batches for i in x[:, 0, 0, 0]]
+
+    one = build_loader(Indexed(n=64), kwargs, seed=0)
+    first, second = order(one), order(one)
+    assert first != second, "each epoch its own shuffle"
+    before = build_loader(Indexed(n=64), kwargs, seed=0)
+    start = before.sampler.generator.get_state()
+    assert order(itertools.islice(before, len(before))) == first  # stopped at the last batch
+    other = 2 - workers  # the next candidate: the other worker count
+    switched = {**kwargs, "num_workers": other, "prefetch_factor": 2 if other else None}
+    after = build_loader(Indexed(n=64), switched, seed=0, worker_seed=7)
+    shuffle_after_pass(after, start)
+    assert order(after) == second

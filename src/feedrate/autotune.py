@@ -92,6 +92,8 @@ def check(cfg: DictConfig) -> None:
         )
     if not 0 <= at.finalist_within < 1 or not 0 <= at.confirm_within < 1:
         problems.append("trainer.autotune.finalist_within and confirm_within must be in [0, 1)")
+    if not 0 < at.equivalence < 1:
+        problems.append(f"trainer.autotune.equivalence={at.equivalence} must be between 0 and 1")
     if at.max_workers is not None and at.max_workers < 1:
         problems.append(f"trainer.autotune.max_workers={at.max_workers} must be at least 1")
     if problems:
@@ -169,11 +171,11 @@ def loader_config(base: DictConfig, params: dict[str, Any]) -> DictConfig:
     return merged
 
 
-def decide(candidates: list[Candidate]) -> tuple[Candidate, str]:
-    """The winner and why. With at least ``stats.MIN_ROUNDS`` paired final rounds of two or
-    more finalists: among those not significantly slower than the fastest (simultaneous
-    intervals), the cheapest (fewest workers, then least memory). Otherwise the fastest
-    measured, with no claim made."""
+def decide(candidates: list[Candidate], margin: float) -> tuple[Candidate, str]:
+    """The winner and why, by the sweep's rule (:func:`feedrate.sweep.decide.decide`). With
+    at least ``stats.MIN_ROUNDS`` paired final rounds of two or more finalists: the fastest,
+    or a cheaper finalist (fewer workers, then less memory) whose whole simultaneous interval
+    against it lies within ``margin``. Otherwise the fastest measured, with no claim made."""
     from feedrate.sweep.decide import simultaneous
 
     ok = [c for c in candidates if not c.failed and c.figures]
@@ -187,20 +189,30 @@ def decide(candidates: list[Candidate]) -> tuple[Candidate, str]:
     if len(finals) >= 2:
         fastest = max(finals, key=lambda c: statistics.median(c.rounds.values()))
         confidence = simultaneous(len(finals))  # as the sweep widens its intervals
-        kept = []
+        kept = [fastest]
         for c in finals:
             versus = stats.compare(c.rounds, fastest.rounds, confidence)
-            if c is fastest or versus is None or versus.verdict != stats.LOSS:
+            if c is not fastest and versus is not None and versus.low >= 1 - margin:
                 kept.append(c)
         # fewer workers, then less memory (unknown memory counts as the most)
         winner = min(kept, key=lambda c: (c.workers, c.peak_mb or float("inf")))
         others = [c.name for c in kept if c is not winner]
-        why = (
-            f"the cheapest of those no other finalist is significantly faster than"
-            f" ({', '.join([winner.name, *others])}; {len(fastest.rounds)} paired rounds)"
-            if others
-            else f"significantly faster than the other finalists ({len(fastest.rounds)} rounds)"
-        )
+        rounds = len(fastest.rounds)
+        if winner is not fastest:
+            why = (
+                f"the cheapest of those within {margin:.0%} of the fastest"
+                f" ({', '.join([winner.name, *others])}; {rounds} paired rounds)"
+            )
+        elif others:
+            why = (
+                f"the fastest; within {margin:.0%} of it but no cheaper: {', '.join(others)}"
+                f" ({rounds} paired rounds)"
+            )
+        else:
+            why = (
+                f"the fastest; no other finalist shown within {margin:.0%} of it"
+                f" ({rounds} paired rounds)"
+            )
         return winner, why
     winner = max(ok, key=lambda c: c.median or 0.0)
     return winner, (
@@ -491,7 +503,7 @@ class Tuner:
         """The run ended during the phase: decide on what was measured (on rank 0)."""
         if self.active and self.ranks.is_main:
             self.cut = True
-            winner, why = decide(self.candidates)
+            winner, why = decide(self.candidates, self.at.equivalence)
             self.reason = f"the run ended during the tuning phase: {why.split(' (')[0]}"
             self.chosen = winner
             self._finish()
@@ -697,7 +709,7 @@ class Tuner:
     def _finish(self) -> None:
         self._clock_end = time.perf_counter()
         if self.chosen is None:
-            self.chosen, why = decide(self.candidates)
+            self.chosen, why = decide(self.candidates, self.at.equivalence)
             self.reason = self.reason or why
         self.current = self.candidates.index(self.chosen)
         self.phase = "done"

@@ -281,6 +281,8 @@ class AutotuneConfig:
     finalists: int = 2
     finalist_within: float = 0.10
     rounds: int = 3
+    # The fastest finalist wins, or a cheaper one whose whole interval lies within this of it
+    equivalence: float = 0.05
     abandon_below: float = 0.5  # a candidate below half the best so far stops early
     max_workers: int | None = None  # the machine's; null: as sweep=loader bounds it
     search_threads: bool | None = None  # null: where the model trains on the CPU
@@ -362,9 +364,11 @@ class SweepConfig:
     finalist_within: float = 0.10
     # Alternating re-measurements of each finalist and baseline: at most final_rounds; after
     # 3, no more once every contestant is significantly slower than another or within
-    # `equivalence` of the fastest (more rounds could not change the choice by more).
+    # `equivalence` of the fastest (more rounds could not change the choice by more). The
+    # fastest wins, or a cheaper contestant whose whole interval lies within `equivalence`
+    # of it: one merely not shown slower is not taken.
     final_rounds: int = 5
-    equivalence: float = 0.03
+    equivalence: float = 0.05
     final_seconds: float = 3.0  # measured window of each final run, after its warm-up
     # Before searching, loader-only and compute-only are measured; the search stops when a
     # trial reaches (1 - stop_within) of the ceiling they make. false: search every trial.

@@ -25,7 +25,7 @@ from feedrate.drift import DriftGuard
 from feedrate.errors import ConfigError, DatasetError, Interrupted
 from feedrate.faults import LoaderFailure
 from feedrate.hardware import Hardware
-from feedrate.loader import loader_state, produced_samples, skipped_samples
+from feedrate.loader import loader_state, produced_samples, shuffle_after_pass, skipped_samples
 from feedrate.meter import Meter, StepTimes
 from feedrate.monitor import ResourceMonitor
 from feedrate.stream import Shares, is_stream, nothing_here, share_states
@@ -503,6 +503,8 @@ def train(
                 if not epoch_done:  # the next loader goes on with this epoch's shuffle
                     resume = where.position(scaler, loader)
                 switch(failure)
+                if epoch_done:  # the next epoch's shuffle is the one a single loader's would be
+                    shuffle_after_pass(loader, where.generator)
                 if states is not None:  # ... or from the shares' positions
                     loader.dataset.go_on(states, where.epoch)
                 if not epoch_done:

@@ -1,7 +1,7 @@
 """How the sweep decides: contestants re-measured in alternating rounds, those with the same
-resolved settings folded into one, those shown slower dropped, and the cheapest of those that
-no other contestant is significantly faster than wins; the rounds stop once that is settled
-(docs/design.md, "How the sweep decides")."""
+resolved settings folded into one, those shown slower dropped, and the fastest wins, or a
+cheaper contestant shown within ``sweep.equivalence`` of it; the rounds stop once that is
+settled (docs/design.md, "How the sweep decides")."""
 
 from __future__ import annotations
 
@@ -334,21 +334,27 @@ def described(versus: stats.Comparison | None) -> str:
     return versus.describe() if versus is not None else "(no comparison)"
 
 
-EQUIVALENCE = 0.03  # sweep.equivalence: ratios this close to 1 are equal for practical purposes
+EQUIVALENCE = 0.05  # sweep.equivalence: ratios this close to 1 are equal for practical purposes
 
 
 def decide(
     contestants: list[Contestant], budget: Budget | None = None, margin: float = EQUIVALENCE
 ) -> Decision:
-    """Among the contestants no other is shown faster than, the cheapest wins.
+    """The fastest, or a cheaper contestant shown equal to it.
 
-    A contestant is shown slower when another is significantly faster over the paired rounds
-    (:func:`slower_than_another`, simultaneous 95% intervals) or clearly so (a factor of two
-    below the fastest, at any number of rounds), unless its whole interval against the fastest
-    is within ``margin`` of it: a consistent 1% is significant over paired rounds, and no
-    reason to pay for three times the workers. A contestant with any failed final run is
-    out, baselines included, and so is one that used more memory than ``budget`` in any of
-    them. Cheapest: fewest workers, then least memory.
+    Equal: the whole interval of its ratio to the fastest lies above 1 - ``margin``
+    (simultaneous 95% intervals over the paired rounds). That is a claim the rounds must
+    show, not the absence of one: a cheaper contestant merely not shown slower (0.93x
+    [0.86, 1.01] over 5 rounds of 16 against 26 workers a rank) may be 14% slower, and is
+    not taken. A consistent 1% is significant over paired rounds and still equal: no reason
+    to pay for three times the workers. Among the fastest and those equal to it, the
+    cheapest wins: fewest workers, then least memory.
+
+    A contestant is shown slower when another is significantly faster (:func:`slower_than_another`)
+    or clearly so (a factor of two below the fastest, at any number of rounds); the others,
+    neither slower nor equal, are undecided: more rounds would tell. A contestant with any
+    failed final run is out, baselines included, and so is one that used more memory than
+    ``budget`` in any of them.
     """
     over = {c.name: c.over_budget(budget) for c in contestants}
     eligible = [
@@ -380,28 +386,38 @@ def decide(
         c.name: c.dropped or clearly_slower(c, fastest) or slower_than_another(c, live, confidence)
         for c in eligible
     }
-    for c in eligible:  # equal for practical purposes: within the margin, whatever the test
-        versus_c = versus[c.name]
-        if not c.dropped and versus_c is not None and versus_c.low >= 1 - margin:
+    equal = {  # equal for practical purposes: within the margin, whatever the test
+        c.name: not c.dropped and versus[c.name] is not None and versus[c.name].low >= 1 - margin
+        for c in eligible
+    }
+    for c in eligible:
+        if equal[c.name]:
             why_slower[c.name] = ""
-    close = [c for c in eligible if c is fastest or not why_slower[c.name]]
+    close = [c for c in eligible if c is fastest or equal[c.name]]
     winner = cheapest(close)
     baselines = [c for c in eligible if c.is_baseline]
     best_baseline = max(baselines, key=lambda c: c.median) if baselines else None
-    slower = [c for c in eligible if c not in close]
+    slower = [c for c in eligible if why_slower[c.name] and c not in close]
+    undecided = [c for c in eligible if c not in close and c not in slower]
     out = [c for c in contestants if c not in eligible]
     if winner is fastest:
         reason = f"{winner.label} is the fastest ({winner.median:,.1f} samples/s)"
         others = [c for c in close if c is not winner]
         if others:
-            reason += "; within noise of it but no cheaper: " + ", ".join(
+            reason += f"; within {margin:.0%} of it but no cheaper: " + ", ".join(
                 f"{c.label} {described(versus[c.name])}" for c in others
             )
     else:
         reason = (
-            f"{winner.label} ({winner.cost()[0]} workers) is not significantly slower than the"
+            f"{winner.label} ({winner.cost()[0]} workers) is within {margin:.0%} of the"
             f" fastest, {fastest.label} ({fastest.cost()[0]} workers):"
-            f" {described(versus[winner.name])}; the cheapest of those within noise wins"
+            f" {described(versus[winner.name])}; the cheapest of those within {margin:.0%}"
+            " wins"
+        )
+    if undecided:
+        reason += (
+            f"; not shown within {margin:.0%} of the fastest, so not taken for being"
+            " cheaper: " + ", ".join(f"{c.label} {described(versus[c.name])}" for c in undecided)
         )
     if slower:
         reason += "; slower: " + ", ".join(f"{c.label} ({why_slower[c.name]})" for c in slower)
