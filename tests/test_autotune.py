@@ -392,49 +392,63 @@ class _Planned:
         return [c.workers for c in self.tuner.candidates]
 
 
-def test_the_search_deepens_the_fastest_seed_then_climbs_while_more_workers_are_faster(
-    compose, monkeypatch
-):
+def test_the_search_deepens_the_fastest_seed_thins_its_threads_then_climbs(compose, monkeypatch):
     """Reads that stall scale past the top seed: the fastest seed is tried once with a deeper
-    queue, then twice its workers (at the depth that won), and so on up to the search's bound
-    (64 on 2 cores); data that peaks early is not climbed, only deepened."""
+    queue, once with half the main process's threads (its workers are at least the cores),
+    then twice its workers (at the depth and threads that won), and so on up to the search's
+    bound (64 on 2 cores); data that peaks early is not climbed, only deepened and thinned."""
+    from feedrate.sweep.space import default_threads
+
     monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)  # seeds 2, 8, 32
     seeds = [2, 8, 32]
+    main = default_threads()["loader.main_threads"]  # PyTorch's: the seeds'
+    thin = max(1, main // 2)
     budget = ["trainer.autotune.budget_s=600", "trainer.autotune.max_workers=64"]
     shallow = ["loader.num_workers=0", "loader.prefetch_factor=null"]
 
-    def tried(planned: _Planned) -> list[tuple[int, int]]:
+    def tried(planned: _Planned) -> list[tuple]:
         return [
-            (c.workers, c.params.get("loader.prefetch_factor")) for c in planned.tuner.candidates
-        ]
+            (c.workers, c.params.get("loader.prefetch_factor"), c.params.get("loader.main_threads"))
+            for c in planned.tuner.candidates
+        ][1:]  # after the run's own loader
 
-    # the deeper queue wins: the climb keeps it
+    def thinned(workers: int, depth: int) -> list[tuple]:
+        return [(workers, depth, thin)] if main > 1 else []  # one thread: none to halve
+
+    # the deeper queue and fewer threads win: the climb keeps both
     deep = _Planned(compose, *shallow, *budget)
 
     def rates(workers: int) -> float:
-        deeper = deep.tuner.candidate.params.get("loader.prefetch_factor") == 8
-        return 100.0 * (1 + workers) * (2 if deeper else 1)
+        params = deep.tuner.candidate.params
+        deeper = 2 if params.get("loader.prefetch_factor") == 8 else 1
+        thinner = 1.5 if params.get("loader.main_threads") == thin < main else 1
+        return 100.0 * (1 + workers) * deeper * thinner
 
-    deep.workers_tried(rates, 1 + len(seeds) + 3)
-    climb = [64]
-    assert tried(deep)[: 2 + len(seeds) + len(climb)] == [
-        (0, None),
-        *[(w, 2) for w in seeds],
-        (seeds[-1], 8),
-        *[(w, 8) for w in climb],
+    deep.workers_tried(rates, 1 + len(seeds) + 4)
+    assert tried(deep)[: len(seeds) + 2 + (main > 1)] == [
+        *[(w, 2, main) for w in seeds],
+        (seeds[-1], 8, main),
+        *thinned(seeds[-1], 8),
+        (64, 8, thin),
     ]
-    # the deeper queue loses: the climb goes on from the seed, and deepens nothing more
+    # neither wins: the climb goes on from the seed, and deepens and thins nothing more
     flat = _Planned(compose, *shallow, *budget)
-    flat.workers_tried(lambda w: 100.0 * (1 + w), 1 + len(seeds) + 3)
-    assert tried(flat)[: 2 + len(seeds) + len(climb)] == [
-        (0, None),
-        *[(w, 2) for w in seeds],
-        (seeds[-1], 8),
-        *[(w, 2) for w in climb],
+    flat.workers_tried(lambda w: 100.0 * (1 + w), 1 + len(seeds) + 4)
+    assert tried(flat)[: len(seeds) + 2 + (main > 1)] == [
+        *[(w, 2, main) for w in seeds],
+        (seeds[-1], 8, main),
+        *thinned(seeds[-1], 2),
+        (64, 2, main),
     ]
     peaked = _Planned(compose, *shallow, *budget)
-    workers = peaked.workers_tried(lambda w: 1000.0 - abs(w - seeds[0]), 1 + len(seeds) + 1)
-    assert tried(peaked)[: 2 + len(seeds)] == [(0, None), *[(w, 2) for w in seeds], (seeds[0], 8)]
+    workers = peaked.workers_tried(
+        lambda w: 1000.0 - abs(w - seeds[0]), 1 + len(seeds) + 1 + (main > 1) + 1
+    )
+    assert tried(peaked)[: len(seeds) + 1 + (main > 1)] == [
+        *[(w, 2, main) for w in seeds],
+        (seeds[0], 8, main),
+        *thinned(seeds[0], 2),
+    ]
     assert workers[-1] not in (seeds[0], 2 * seeds[-1])  # then Optuna's suggestion
     # from the run's own loader, whose thread counts are unset (not values the search takes)
     wide = _Planned(compose, "loader.num_workers=48", *budget)
@@ -553,21 +567,24 @@ def test_a_candidates_memory_is_the_peak_of_its_own_readings(monkeypatch):
     assert monitor.peak_since_mark == 200 * 2**20
 
 
-@pytest.mark.parametrize(("budget", "wider"), [(75, True), (60, False)])
+@pytest.mark.parametrize(("budget", "wider"), [(90, True), (75, False)])
 def test_a_wider_loader_is_tried_only_when_it_would_start_in_time(
     compose, monkeypatch, budget, wider
 ):
     """Start-up grows with the workers: the top seed (32 workers on 2 cores) took 15 s, so
     twice as many are predicted at 28 s (2 s of window, 13 s of start-up twice over). After
-    the seeds and the deeper queue (43 s), with 32 s left they are tried; with 17 s they are
-    not, nor any setting of the search that would not start in time."""
+    the seeds, the deeper queue and the fewer threads (58 s), with 32 s left they are tried;
+    with 17 s they are not, nor any setting of the search that would not start in time."""
+    from feedrate.sweep.space import default_threads
+
     monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)
     seeds = [2, 8, 32]
+    thread_step = default_threads()["loader.main_threads"] > 1
     planned = _Planned(
         compose,
         "loader.num_workers=0",
         "loader.prefetch_factor=null",
-        f"trainer.autotune.budget_s={budget}",
+        f"trainer.autotune.budget_s={budget - (0 if thread_step else 15)}",
         f"trainer.autotune.max_workers={2 * seeds[-1]}",
         "trainer.autotune.window_s=2",
     )
@@ -579,18 +596,19 @@ def test_a_wider_loader_is_tried_only_when_it_would_start_in_time(
         deep = tuner.candidate.params.get("loader.prefetch_factor") == 8
         return 100.0 + 40 * workers + (50 if deep else 0)
 
-    for _ in range(5):  # the start, the three seeds, the top seed deepened
+    # the start, the three seeds, the top seed deepened, and with fewer threads
+    for i in range(5 + thread_step):
         planned.measure(rate, seconds=seconds[tuner.candidate.workers])
-        assert tuner.advance()
+        advanced = tuner.advance()
+        assert advanced or (not wider and i == 4 + thread_step)
     if wider:
         nxt = tuner.candidate.params
         assert (nxt["loader.num_workers"], nxt["loader.prefetch_factor"]) == (2 * seeds[-1], 8)
     else:
-        while True:
+        while advanced:
             assert tuner.candidate.workers <= seeds[-1] or tuner.candidate.name == "start"
             planned.measure(rate, seconds=2.0 + 13.0 * tuner.candidate.workers / seeds[-1])
-            if not tuner.advance():
-                break
+            advanced = tuner.advance()
         assert (tuner.chosen.workers, tuner.chosen.params["loader.prefetch_factor"]) == (
             seeds[-1],
             8,
