@@ -664,3 +664,40 @@ def test_a_loader_switched_in_at_an_epoch_end_shuffles_the_next_epoch_as_one_loa
     after = build_loader(Indexed(n=64), switched, seed=0, worker_seed=7)
     shuffle_after_pass(after, start)
     assert order(after) == second
+
+
+def test_an_epochs_tail_and_the_next_backlog_are_not_part_of_a_candidates_rate(
+    tmp_path, monkeypatch
+):
+    """Each epoch's last num_workers x prefetch_factor batches, and as many after the next
+    epoch starts, are held out of the candidate's windows, where an epoch is at least 4 such
+    backlogs long (120 batches: 2 workers x 2, 8 x 2, 2 x 8; not 8 x 8)."""
+    from feedrate.meter import Meter
+
+    holds = []
+    real = Meter.checkpoint_paused
+
+    def recorded_hold(self, step, extra=0):
+        holds.append((step, extra))
+        real(self, step, extra)
+
+    monkeypatch.setattr(Meter, "checkpoint_paused", recorded_hold)
+    monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
+    overrides = _counting("map", "loader=autotune", "trainer.epochs=3", *QUICK)
+    cfg = feedrate.compose([*overrides, "trainer.checkpoint_every=null"], config_dir=CONF)
+    metrics = feedrate.run(cfg, output_dir=tmp_path / "run")
+    per_epoch = N // BATCH
+    backlog = {}  # of the candidate training at each step
+    step = 0
+    for c in metrics["autotune"]["candidates"]:
+        workers = int(c["params"].get("loader.num_workers") or 0)
+        depth = int(c["params"].get("loader.prefetch_factor") or 2)
+        for _ in range(c["steps"]):
+            step += 1
+            backlog[step] = workers * depth if workers * depth * 4 <= per_epoch else 0
+    tails = [(s, e) for s, e in holds if s % per_epoch]
+    ends = [(s, e) for s, e in holds if not s % per_epoch]
+    assert tails, "a tail held"
+    for s, extra in tails:  # from the tail's start: the epoch's rest and the next backlog
+        assert s % per_epoch == per_epoch - backlog[s] and extra == 2 * backlog[s]
+    assert all(e == backlog[s] for s, e in ends), "the epoch's end: the next backlog"

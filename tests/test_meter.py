@@ -152,6 +152,36 @@ def test_the_backlog_is_over_once_the_queue_runs_dry_after_every_worker_delivere
     assert full.meter.finish()["warmup"]["steps"] >= 40
 
 
+def test_an_epochs_tail_and_the_next_backlog_are_held_out_of_the_window():
+    """loader=autotune: an epoch's last batches are eaten at compute speed once the sampler
+    has run out, and so are those made while the next epoch restarted. Held from the tail's
+    start until the next epoch's backlog is eaten; the epoch's end, asked meanwhile, keeps the
+    longer hold."""
+    run = Run(total=60)
+    run.steps(10)
+    run.meter.checkpoint_paused(10, extra=4 + 4)  # the tail: 4 batches left, a backlog of 4 ...
+    run.steps(4, wait=0.0, compute=0.01)  # ... eaten at compute speed: not measured
+    run.meter.checkpoint_paused(14)  # the epoch's end: a shorter hold
+    run.meter.epoch_started()
+    run.clock.now += 3.0  # the restart
+    run.steps(4 + 2, wait=0.0, compute=0.01)  # its backlog and a warm-up: not measured either
+    held = len(run.meter.times.wait_s)
+    assert held == 8, "steps 3-10 only"
+    run.steps(20)
+    times = run.meter.times
+    assert len(times.wait_s) == 8 + 20 and times.samples == 280
+    assert times.elapsed_s == pytest.approx(28 * 0.05), "only the steady steps"
+    assert times.window_rates == pytest.approx([200.0] * len(times.window_rates))
+    # a longer hold asked during a shorter one extends it
+    longer = Run(total=60)
+    longer.steps(10)
+    longer.meter.checkpoint_paused(10)  # until step 12
+    longer.steps(1, wait=0.0, compute=0.01)
+    longer.meter.checkpoint_paused(11, extra=6)  # until step 19
+    longer.steps(8, wait=0.0, compute=0.01)
+    assert len(longer.meter.times.wait_s) == 8, "none of steps 11-19 measured"
+
+
 def test_samples_produced_meanwhile_are_counted_to_take_the_lower_of_the_two():
     # training eats 10 a step while the workers make only 4: a queue drains
     run = Run(total=30)

@@ -286,9 +286,14 @@ class Meter:
             self._record(step, samples)
         return self.done
 
-    def checkpoint_paused(self, step: int) -> None:
+    def checkpoint_paused(self, step: int, extra: int = 0) -> None:
         """A checkpoint was saved after ``step`` (every rank pauses, under torchrun for rank
-        0's save): close the window; measuring resumes after a fresh warm-up."""
+        0's save): close the window; measuring resumes after a fresh warm-up, ``extra``
+        steps longer (what comes next is not steady state: ``loader=autotune``'s epoch ends).
+        Asked again before measuring resumed, the longer of the two holds."""
+        if self._warm_end is not None and not self._measured:
+            self._rewarm_until = max(self._rewarm_until, step + self.cfg.warmup_steps + extra)
+            return
         if not self._measured:
             return
         if self._window_steps >= max(2, self.window_steps // 2):
@@ -297,7 +302,7 @@ class Meter:
         self._window_samples = self._window_steps = 0
         self._window_wait = 0.0
         self._produced_paused_at = self.produced()
-        self._rewarm_until = step + self.cfg.warmup_steps
+        self._rewarm_until = step + self.cfg.warmup_steps + extra
 
     def finish(self) -> dict:
         """Measuring over: what :class:`~feedrate.trainer.TrainResult` reports of it. A window
