@@ -46,6 +46,16 @@ DEFAULT_WORKLOADS = ["synthetic", "photos"]
 GRID_WORKERS = (0, 1, 2, 4, 8, 16, 32)  # each rank's
 GRID_PREFETCH = (2, 8)
 TARGET = 0.9  # tuned / best of the grid
+# what a rank ran: two contestants that ran the same are one setting, and their ratio noise
+SETTINGS = (
+    "num_workers",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory",
+    "multiprocessing_context",
+    "main_threads",
+    "worker_threads",
+)
 TUNED, BEST_GRID, LIGHTNING, DIVIDED, RECIPE = (
     "tuned",
     "best_grid",
@@ -64,9 +74,15 @@ def per_rank(workload: str, ranks: int) -> str:
 
 
 def contestants(workload: str, ranks: int, cores: int) -> dict[str, list[str]]:
-    """Each rank's settings (the runner says ``loader.per_rank=true``) but the divided one."""
+    """Each rank's settings (the runner says ``loader.per_rank=true``) but the divided one,
+    and the tuned preset as it says: the sweep's winner may be the divided baseline, whose
+    preset gives the node's workers (no ``per_rank``)."""
+    tuned = OmegaConf.load(ROOT / "conf" / "loader" / f"{per_rank(workload, ranks)}.yaml")
     return {
-        TUNED: [f"loader={per_rank(workload, ranks)}"],
+        TUNED: [
+            f"loader={per_rank(workload, ranks)}",
+            *([] if tuned.get("per_rank") else ["loader.per_rank=false"]),
+        ],
         LIGHTNING: ["loader=default", f"loader.num_workers={max(1, cores // ranks - 1)}"],
         DIVIDED: [f"loader={one_process(workload)}", "loader.per_rank=false"],
         RECIPE: ["loader=recipe"],
@@ -103,8 +119,7 @@ def measure(
             {k: x.get(k) for k in ("samples_per_sec", "data_wait_frac", "measured_steps")}
             for x in m.get("ranks") or []
         ],
-        "num_workers": ((m.get("run") or {}).get("loader") or {}).get("num_workers"),
-        "prefetch_factor": ((m.get("run") or {}).get("loader") or {}).get("prefetch_factor"),
+        **{k: ((m.get("run") or {}).get("loader") or {}).get(k) for k in SETTINGS},
         "wall_s": wall,
     }
     shown = f"{res.value:,.1f}" if res.ok else f"FAILED {res.reason}"
@@ -123,7 +138,18 @@ def verdicts(rows: list[dict]) -> dict:
     for name in (BEST_GRID, LIGHTNING, DIVIDED, RECIPE):
         if TUNED in by and name in by:
             c = stats.compare(by[TUNED], by[name])
-            versus[name] = {**c.as_dict(), "text": c.describe()} if c is not None else None
+            if c is None:
+                versus[name] = None
+            elif same_settings(rows, TUNED, name):  # a ratio between runs of one setting
+                versus[name] = {
+                    **c.as_dict(),
+                    "verdict": stats.TIE,
+                    "same_settings": True,
+                    "text": f"same settings: {c.describe().split(' ')[0]}"
+                    f" {' '.join(c.describe().split(' ')[1:3])} is noise, a tie",
+                }
+            else:
+                versus[name] = {**c.as_dict(), "text": c.describe()}
     waits = {
         n: [r["data_wait_frac"] for x in rows if x["name"] == n and x["ok"] for r in x["ranks"]]
         for n in by
@@ -134,6 +160,20 @@ def verdicts(rows: list[dict]) -> dict:
         "data_wait": {n: statistics.median(w) for n, w in waits.items() if w},
         "target": outcome(versus.get(BEST_GRID)),
     }
+
+
+def same_settings(rows: list[dict], a: str, b: str) -> bool:
+    """Did ``a`` and ``b`` run the same settings on every rank, in every run (each row's
+    ``SETTINGS`` that an older results.json holds)?"""
+
+    def ran(name: str) -> set[tuple]:
+        return {
+            tuple(x.get(k) for k in SETTINGS if k in x)
+            for x in rows
+            if x["name"] == name and x["ok"]
+        }
+
+    return len(ran(a)) == 1 and ran(a) == ran(b)
 
 
 def outcome(ratio: dict | None) -> str:
