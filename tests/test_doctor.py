@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from feedrate.hardware import usable_cores
+
 from .conftest import ROOT, TINY_DATA, unshare_works
 
 
@@ -80,3 +82,21 @@ def test_a_preset_that_can_run_code_is_named(tmp_path):
     assert "[UNSAFE] shared.yaml        not plain data: a '# @package' directive" in proc.stdout
     assert "the key hydra.callbacks.x._target_ (Hydra imports and calls it)" in proc.stdout
     assert "[ ok ]   fine.yaml          plain data" in proc.stdout
+
+
+def test_a_per_rank_preset_is_checked_for_every_rank_on_the_node():
+    """A preset of sweep.ranks_per_node=2 says each rank's workers: the node runs twice as
+    many, and its /dev/shm and cores are checked for all of them."""
+    proc = _doctor(
+        *TINY_DATA,
+        "loader.num_workers=3",
+        "loader.per_rank=true",
+        "loader.measured_on={workload:{ranks_per_node:2}}",
+        "--no-measure",
+    )
+    out = proc.stdout
+    assert "/dev/shm           2 ranks x 3 workers x prefetch 2 x" in out, out + proc.stderr
+    if 6 > usable_cores():  # said where the workers outnumber the cores
+        assert "cores              2 ranks x 3 workers on" in out
+    one = _doctor(*TINY_DATA, "loader.num_workers=3", "--no-measure").stdout
+    assert "/dev/shm           3 workers x prefetch 2 x" in one

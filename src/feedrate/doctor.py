@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from feedrate import hardware, provenance
 from feedrate.checks import start_method, unpicklable, validate
@@ -224,6 +224,12 @@ def _check_loader(report: Report, loader: DictConfig, machine: Machine, probe: P
     if workers == 0:
         report.line("info", "workers", "none: samples load in the training loop's process")
         return
+    # a per-rank preset's workers are each rank's: the node runs them once a rank
+    ranks = 1
+    if loader.get("per_rank"):
+        ranks = int(OmegaConf.select(loader, "measured_on.workload.ranks_per_node") or 1)
+    node = workers * ranks
+    each = f"{ranks} ranks x {workers} workers" if ranks > 1 else f"{workers} workers"
     if probe.unpicklable is not None and start_method(loader) != "fork":
         report.line(
             "unsafe",
@@ -233,12 +239,12 @@ def _check_loader(report: Report, loader: DictConfig, machine: Machine, probe: P
         )
     if machine.shm is not None:
         batch_bytes = loader.batch_size * probe.sample_bytes
-        ctx = Context(workers, loader.prefetch_factor, batch_bytes, 0.0, loader.timeout)
+        ctx = Context(node, loader.prefetch_factor, batch_bytes, 0.0, loader.timeout)
         need, free = shm_needed(ctx), machine.shm[0] - machine.shm[1]
         report.line(
             _status(need, free),
             "/dev/shm",
-            f"{workers} workers x prefetch {prefetch} x {_mb(batch_bytes)} need about"
+            f"{each} x prefetch {prefetch} x {_mb(batch_bytes)} need about"
             f" {_mb(need)} of {_mb(free)} free",
         )
     if machine.strategy == "file_descriptor":
@@ -248,15 +254,15 @@ def _check_loader(report: Report, loader: DictConfig, machine: Machine, probe: P
         report.line(
             _status(fds, limit),
             "open files",
-            f"about {fds} descriptors in flight of the limit {limit}",
+            f"about {fds} descriptors in flight of the limit {limit}"
+            + (" (a process's: each rank's)" if ranks > 1 else ""),
         )
     if probe.per_worker:
-        need = workers * probe.per_worker
+        need = node * probe.per_worker
         report.line(
             _status(need, machine.available),
             "memory",
-            f"{workers} workers x {_mb(probe.per_worker)} = {_mb(need)} of"
-            f" {_mb(machine.available)} available",
+            f"{each} x {_mb(probe.per_worker)} = {_mb(need)} of {_mb(machine.available)} available",
         )
     if probe.shards is not None and workers > probe.shards:
         report.line(
@@ -266,11 +272,11 @@ def _check_loader(report: Report, loader: DictConfig, machine: Machine, probe: P
             f" {workers - probe.shards} workers read nothing",
         )
     cores = hardware.usable_cores()
-    if workers > cores:
+    if node > cores:
         report.line(
             "info",
             "cores",
-            f"{workers} workers on {cores:g} cores: right for samples that wait"
+            f"{each} on {cores:g} cores: right for samples that wait"
             " on I/O, oversubscribed for CPU-bound decoding (the sweep measures which)",
         )
 

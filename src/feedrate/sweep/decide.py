@@ -416,8 +416,9 @@ def decide(
         )
     if undecided:
         reason += (
-            f"; not shown within {margin:.0%} of the fastest, so not taken for being"
-            " cheaper: " + ", ".join(f"{c.label} {described(versus[c.name])}" for c in undecided)
+            f"; neither shown slower nor within {margin:.0%} of the fastest, so not taken"
+            " for being cheaper or as fast: "
+            + ", ".join(f"{c.label} {described(versus[c.name])}" for c in undecided)
         )
     if slower:
         reason += "; slower: " + ", ".join(f"{c.label} ({why_slower[c.name]})" for c in slower)
