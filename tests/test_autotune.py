@@ -672,32 +672,36 @@ def test_an_epochs_tail_and_the_next_backlog_are_not_part_of_a_candidates_rate(
     """Each epoch's last num_workers x prefetch_factor batches, and as many after the next
     epoch starts, are held out of the candidate's windows, where an epoch is at least 4 such
     backlogs long (120 batches: 2 workers x 2, 8 x 2, 2 x 8; not 8 x 8)."""
+    from feedrate import trainer
     from feedrate.meter import Meter
 
-    holds = []
-    real = Meter.checkpoint_paused
+    holds, backlogs = [], {}  # (step, extra) held; step -> the training loader's backlog
+    real_hold, real_tail = Meter.checkpoint_paused, trainer.in_tail
 
     def recorded_hold(self, step, extra=0):
         holds.append((step, extra))
-        real(self, step, extra)
+        real_hold(self, step, extra)
+
+    def recorded_tail(loader, where):
+        backlogs[where.step] = trainer.unsteady(loader)
+        return real_tail(loader, where)
 
     monkeypatch.setattr(Meter, "checkpoint_paused", recorded_hold)
+    monkeypatch.setattr(trainer, "in_tail", recorded_tail)
     monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
     overrides = _counting("map", "loader=autotune", "trainer.epochs=3", *QUICK)
     cfg = feedrate.compose([*overrides, "trainer.checkpoint_every=null"], config_dir=CONF)
-    metrics = feedrate.run(cfg, output_dir=tmp_path / "run")
+    feedrate.run(cfg, output_dir=tmp_path / "run")
     per_epoch = N // BATCH
-    backlog = {}  # of the candidate training at each step
-    step = 0
-    for c in metrics["autotune"]["candidates"]:
-        workers = int(c["params"].get("loader.num_workers") or 0)
-        depth = int(c["params"].get("loader.prefetch_factor") or 2)
-        for _ in range(c["steps"]):
-            step += 1
-            backlog[step] = workers * depth if workers * depth * 4 <= per_epoch else 0
+
+    def backlog(step: int) -> int:  # the last asked: a tail held is not asked again
+        return backlogs[max(s for s in backlogs if s <= step)]
+
     tails = [(s, e) for s, e in holds if s % per_epoch]
     ends = [(s, e) for s, e in holds if not s % per_epoch]
     assert tails, "a tail held"
-    for s, extra in tails:  # from the tail's start: the epoch's rest and the next backlog
-        assert s % per_epoch == per_epoch - backlog[s] and extra == 2 * backlog[s]
-    assert all(e == backlog[s] for s, e in ends), "the epoch's end: the next backlog"
+    for s, extra in tails:  # in the tail (from its start, or a loader's switched in there):
+        left = per_epoch - s % per_epoch  # the epoch's rest and the next backlog
+        assert 0 < left <= backlog(s) and extra == left + backlog(s)
+    assert any(per_epoch - s % per_epoch == backlog(s) > 0 for s, _ in tails), "at its start"
+    assert all(e == backlog(s) for s, e in ends), "the epoch's end: the next backlog"

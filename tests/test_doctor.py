@@ -7,8 +7,6 @@ import sys
 
 import pytest
 
-from feedrate.hardware import usable_cores
-
 from .conftest import ROOT, TINY_DATA, unshare_works
 
 
@@ -84,19 +82,26 @@ def test_a_preset_that_can_run_code_is_named(tmp_path):
     assert "[ ok ]   fine.yaml          plain data" in proc.stdout
 
 
-def test_a_per_rank_preset_is_checked_for_every_rank_on_the_node():
+def test_a_per_rank_preset_is_checked_for_every_rank_on_the_node(capsys, monkeypatch):
     """A preset of sweep.ranks_per_node=2 says each rank's workers: the node runs twice as
-    many, and its /dev/shm and cores are checked for all of them."""
-    proc = _doctor(
-        *TINY_DATA,
-        "loader.num_workers=3",
-        "loader.per_rank=true",
-        "loader.measured_on={workload:{ranks_per_node:2}}",
-        "--no-measure",
-    )
-    out = proc.stdout
-    assert "/dev/shm           2 ranks x 3 workers x prefetch 2 x" in out, out + proc.stderr
-    if 6 > usable_cores():  # said where the workers outnumber the cores
-        assert "cores              2 ranks x 3 workers on" in out
-    one = _doctor(*TINY_DATA, "loader.num_workers=3", "--no-measure").stdout
-    assert "/dev/shm           3 workers x prefetch 2 x" in one
+    many, and its /dev/shm, memory and cores are checked for all of them."""
+    from omegaconf import OmegaConf
+
+    from feedrate import doctor, hardware
+
+    monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)
+    machine = doctor.Machine(hardware.detect(), 8 * 2**30, (2**30, 0.0), 1024, "file_system")
+    probe = doctor.Probe(sample_bytes=2**20, unpicklable=None, per_worker=100 * 2**20)
+
+    def checked(**loader) -> str:
+        base = {"num_workers": 3, "prefetch_factor": 2, "batch_size": 64, "timeout": 0.0}
+        cfg = OmegaConf.create({**base, "multiprocessing_context": "fork", **loader})
+        doctor._check_loader(doctor.Report(), cfg, machine, probe)
+        return capsys.readouterr().out
+
+    per_rank = checked(per_rank=True, measured_on={"workload": {"ranks_per_node": 2}})
+    assert "2 ranks x 3 workers x prefetch 2 x 64 MB need about" in per_rank
+    assert "2 ranks x 3 workers x 100 MB = 600 MB of" in per_rank
+    assert "2 ranks x 3 workers on 2 cores" in per_rank
+    alone = checked()  # the node's workers, as every preset without per_rank
+    assert "3 workers x prefetch 2 x 64 MB" in alone and "3 workers x 100 MB = 300 MB" in alone
