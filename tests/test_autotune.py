@@ -392,11 +392,12 @@ class _Planned:
         return [c.workers for c in self.tuner.candidates]
 
 
-def test_the_search_deepens_the_fastest_seed_thins_its_threads_then_climbs(compose, monkeypatch):
-    """Reads that stall scale past the top seed: the fastest seed is tried once with a deeper
-    queue, once with half the main process's threads (its workers are at least the cores),
-    then twice its workers (at the depth and threads that won), and so on up to the search's
-    bound (64 on 2 cores); data that peaks early is not climbed, only deepened and thinned."""
+def test_the_search_thins_the_fastest_seeds_threads_deepens_it_then_climbs(compose, monkeypatch):
+    """Reads that stall scale past the top seed: the fastest seed is tried once with half the
+    main process's threads (its workers are at least the cores), once with a deeper queue (at
+    the threads that won), then twice its workers (at the depth and threads that won), and so
+    on up to the search's bound (64 on 2 cores); data that peaks early is not climbed, only
+    thinned and deepened."""
     from feedrate.sweep.space import default_threads
 
     monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)  # seeds 2, 8, 32
@@ -412,8 +413,8 @@ def test_the_search_deepens_the_fastest_seed_thins_its_threads_then_climbs(compo
             for c in planned.tuner.candidates
         ][1:]  # after the run's own loader
 
-    def thinned(workers: int, depth: int) -> list[tuple]:
-        return [(workers, depth, thin)] if main > 1 else []  # one thread: none to halve
+    def thinned(workers: int) -> list[tuple]:
+        return [(workers, 2, thin)] if main > 1 else []  # one thread: none to halve
 
     # the deeper queue and fewer threads win: the climb keeps both
     deep = _Planned(compose, *shallow, *budget)
@@ -427,8 +428,8 @@ def test_the_search_deepens_the_fastest_seed_thins_its_threads_then_climbs(compo
     deep.workers_tried(rates, 1 + len(seeds) + 4)
     assert tried(deep)[: len(seeds) + 2 + (main > 1)] == [
         *[(w, 2, main) for w in seeds],
-        (seeds[-1], 8, main),
-        *thinned(seeds[-1], 8),
+        *thinned(seeds[-1]),
+        (seeds[-1], 8, thin),
         (64, 8, thin),
     ]
     # neither wins: the climb goes on from the seed, and deepens and thins nothing more
@@ -436,8 +437,8 @@ def test_the_search_deepens_the_fastest_seed_thins_its_threads_then_climbs(compo
     flat.workers_tried(lambda w: 100.0 * (1 + w), 1 + len(seeds) + 4)
     assert tried(flat)[: len(seeds) + 2 + (main > 1)] == [
         *[(w, 2, main) for w in seeds],
+        *thinned(seeds[-1]),
         (seeds[-1], 8, main),
-        *thinned(seeds[-1], 2),
         (64, 2, main),
     ]
     peaked = _Planned(compose, *shallow, *budget)
@@ -446,8 +447,8 @@ def test_the_search_deepens_the_fastest_seed_thins_its_threads_then_climbs(compo
     )
     assert tried(peaked)[: len(seeds) + 1 + (main > 1)] == [
         *[(w, 2, main) for w in seeds],
+        *thinned(seeds[0]),
         (seeds[0], 8, main),
-        *thinned(seeds[0], 2),
     ]
     assert workers[-1] not in (seeds[0], 2 * seeds[-1])  # then Optuna's suggestion
     # from the run's own loader, whose thread counts are unset (not values the search takes)
@@ -573,7 +574,7 @@ def test_a_wider_loader_is_tried_only_when_it_would_start_in_time(
 ):
     """Start-up grows with the workers: the top seed (32 workers on 2 cores) took 15 s, so
     twice as many are predicted at 28 s (2 s of window, 13 s of start-up twice over). After
-    the seeds, the deeper queue and the fewer threads (58 s), with 32 s left they are tried;
+    the seeds, the fewer threads and the deeper queue (58 s), with 32 s left they are tried;
     with 17 s they are not, nor any setting of the search that would not start in time."""
     from feedrate.sweep.space import default_threads
 
@@ -596,7 +597,7 @@ def test_a_wider_loader_is_tried_only_when_it_would_start_in_time(
         deep = tuner.candidate.params.get("loader.prefetch_factor") == 8
         return 100.0 + 40 * workers + (50 if deep else 0)
 
-    # the start, the three seeds, the top seed deepened, and with fewer threads
+    # the start, the three seeds, the top seed with fewer threads, and deepened
     for i in range(5 + thread_step):
         planned.measure(rate, seconds=seconds[tuner.candidate.workers])
         advanced = tuner.advance()
