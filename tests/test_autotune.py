@@ -96,16 +96,27 @@ def _switch_steps(metrics: dict) -> list[int]:
     return list(itertools.accumulate(steps))[:-1]
 
 
-def test_map_style_switches_mid_epoch_and_trains_every_sample_once_in_order(tmp_path, monkeypatch):
-    """0, 2 and 8 workers take turns inside each epoch; every epoch trains each sample once,
-    in the very order a run with one loader trains them (the loss curve just goes on)."""
+def _plain_and_tuned(tmp_path, monkeypatch, over=None):
+    """Three epochs of map-style data with one loader, then with loader=autotune (``over``:
+    when a candidate's measurement ends): the two record dirs and the tuned run's metrics."""
+    from feedrate.autotune import Tuner
+
     plain, tuned = tmp_path / "plain", tmp_path / "tuned"
     for directory, loader in ((plain, []), (tuned, ["loader=autotune"])):
         directory.mkdir()
         monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(directory))
         overrides = _counting("map", "trainer.epochs=3", *loader, *QUICK)
         cfg = feedrate.compose(overrides, config_dir=CONF)
+        if loader and over is not None:
+            monkeypatch.setattr(Tuner, "over", over)
         metrics = feedrate.run(cfg, output_dir=directory / "run")
+    return plain, tuned, metrics
+
+
+def test_map_style_switches_mid_epoch_and_trains_every_sample_once_in_order(tmp_path, monkeypatch):
+    """0, 2 and 8 workers take turns inside each epoch; every epoch trains each sample once,
+    in the very order a run with one loader trains them (the loss curve just goes on)."""
+    plain, tuned, metrics = _plain_and_tuned(tmp_path, monkeypatch)
     ids = recorded(tuned)
     assert ids == recorded(plain)
     assert [sorted(e) for e in _epochs(ids, N)] == [list(range(N))] * 3
@@ -120,17 +131,9 @@ def test_switches_on_an_epochs_last_batch_shuffle_the_next_epoch_as_one_loader_w
 ):
     """Each candidate's measurement ends on an epoch's last batch: the next loader, built
     fresh, shuffles the next epoch as the one loader of a plain run does, not as its first."""
-    from feedrate.autotune import Tuner
 
-    plain, tuned = tmp_path / "plain", tmp_path / "tuned"
-    for directory, loader in ((plain, []), (tuned, ["loader=autotune"])):
-        directory.mkdir()
-        monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(directory))
-        overrides = _counting("map", "trainer.epochs=3", *loader, *QUICK)
-        cfg = feedrate.compose(overrides, config_dir=CONF)
-        if loader:
-            monkeypatch.setattr(Tuner, "over", lambda self, done: self.steps % (N // BATCH) == 0)
-        metrics = feedrate.run(cfg, output_dir=directory / "run")
+    at_ends = lambda self, done: self.steps % (N // BATCH) == 0  # noqa: E731
+    plain, tuned, metrics = _plain_and_tuned(tmp_path, monkeypatch, over=at_ends)
     assert _switch_steps(metrics) == [N // BATCH, 2 * N // BATCH], "at the epochs' ends"
     assert recorded(tuned) == recorded(plain)
 
