@@ -276,7 +276,8 @@ def test_the_preset_it_writes_is_checked_not_searched_by_the_next_run(
     monkeypatch.setenv("FEEDRATE_CONFIG_DIR", str(conf))
     monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
     overrides = [
-        *_counting("map", "loader=autotune", "trainer.epochs=3"),
+        # 720 steps: the 2 s phase ends first even where a candidate reads 300 steps/s
+        *_counting("map", "loader=autotune", "trainer.epochs=6"),
         *QUICK,
         "trainer.autotune.budget_s=2",
         "trainer.autotune.write_preset=true",
@@ -302,7 +303,9 @@ def test_the_preset_it_writes_is_checked_not_searched_by_the_next_run(
     preset["measured_on"]["samples_per_sec"] *= 100
     path.write_text(path.read_text().split("defaults:")[0] + yaml.safe_dump(preset))
     with caplog.at_level(logging.WARNING, logger="feedrate"):
-        redo = feedrate.run(feedrate.compose(overrides, config_dir=conf), output_dir=tmp_path / "c")
+        # (with time to search after the check: 8 workers start slowly on a busy machine)
+        more = [*overrides, "trainer.autotune.budget_s=4"]
+        redo = feedrate.run(feedrate.compose(more, config_dir=conf), output_dir=tmp_path / "c")
     assert "below 85% of the" in caplog.text and "searching" in caplog.text
     assert redo["autotune"]["confirmed"] is None and len(redo["autotune"]["candidates"]) > 1
     # loader=auto picks what autotune wrote

@@ -1102,6 +1102,46 @@ def test_where_the_loader_alone_and_the_seeds_fall_no_more_workers_are_run(
     assert "Error executing job" not in proc.out, "a skip is not an error"
 
 
+def _without_workers(overrides: list[str]) -> list[str]:
+    """A trial's settings but its workers (and the launcher's cut-off, from the best so far)."""
+    return sorted(o for o in overrides if not o.startswith(("loader.num_workers=", "trainer.abandon")))
+
+
+@pytest.mark.parametrize("peak", [None, 4], ids=["rising", "peaks-at-4"])
+def test_the_search_climbs_past_the_top_seed_while_it_is_the_fastest(
+    project, monkeypatch, capsys, peak
+):
+    """The seeds stop at 16 workers a core (a rank's share of the cores under
+    sweep.ranks_per_node: 16 a rank on 2 ranks of 2 cores, where a per-rank grid peaked at 32).
+    While the fastest trial has the most workers tried, the next one doubles them, its other
+    settings kept; where the seeds bracket the peak, nothing is added."""
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 1.0)
+    rate = (lambda n: n) if peak is None else (lambda n: min(n, peak) / max(1, n - peak))
+    proc, runner = _simulated(
+        project,
+        monkeypatch,
+        capsys,
+        *SLEEPY_SYNTHETIC,
+        "sweep.max_workers=64",
+        name="climb",
+        n_trials=5,
+        speed=lambda o: rate(_workers(o) or 1),
+    )
+    assert proc.returncode == 0, proc.out[-3000:]
+    searched = [o for o in runner.ran if "trainer.measure" not in " ".join(o)]
+    workers = [_workers(o) for o in searched if _workers(o) is not None]  # not the baselines
+    assert workers[:3] == [1, 4, 16], "the seeds: 1, 4 and 16 times the one core"
+    climbed = "has the most workers tried yet: the next trial is it with"
+    if peak is None:
+        assert workers[3:5] == [32, 64], "twice the fastest, up to sweep.max_workers"
+        assert _without_workers(searched[3]) == _without_workers(searched[2])
+        assert _without_workers(searched[4]) == _without_workers(searched[2])
+        assert proc.out.count(climbed) == 2 and "(16 workers, samples_per_sec" in proc.out
+    else:
+        assert climbed not in proc.out
+        assert max(workers) <= 16, "the seeds past the peak bound the search"
+
+
 def _fails_past_two_workers(cfg) -> str | None:
     """A corrupt file that only a third worker reaches (test_host.py runs a real one)."""
     workers = cfg.loader.num_workers

@@ -574,6 +574,8 @@ class Tuner:
         tried is it with twice the workers (and the depth and threads that won), up to the
         search's bound, as long as that many would start in the ``left`` seconds (a wide
         loader's start-up grows with its workers)."""
+        from feedrate.sweep.space import next_rung
+
         measured = [c for c in self.candidates if c.search is not None and not c.failed]
         if not measured or self._seeds_pending():
             return
@@ -598,10 +600,9 @@ class Tuner:
             params = deeper
         else:
             widest = max(c.workers for c in self.candidates)  # failed ones count
-            bound = self.workers_bound
-            params = {**best.params, "loader.num_workers": min(2 * best.workers, bound)}
-            climbing = best.workers == widest and best.workers < bound
-            if not climbing or self._predicted_seconds(params) > left:
+            rung = next_rung(best.workers, widest, self.workers_bound)
+            params = {**best.params, "loader.num_workers": rung}
+            if rung is None or self._predicted_seconds(params) > left:
                 return
         if not self._tried(params, tried):
             self._study.enqueue_trial(self._in_space(params))

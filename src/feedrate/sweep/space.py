@@ -85,6 +85,17 @@ def seed_workers(cfg: DictConfig) -> list[int]:
     return sorted({min(top, k * cores) for k in SEED_LADDER})
 
 
+def next_rung(best: int, widest: int, bound: int) -> int | None:
+    """The workers to try next past the top seed: twice the fastest setting's ``best``, up to
+    ``bound``, while it has the most workers tried yet (``widest``); else None. Latency-bound
+    data scales past the seeds (the ladder stops at 16 a core, a rank's share of them under
+    ``sweep.ranks_per_node``: 16 a rank on 2 ranks of 2 cores, where a per-rank grid peaked at
+    32), and the rate is only known to peak once a wider setting reads slower."""
+    if best <= 0 or best < widest or best >= bound:
+        return None
+    return min(2 * best, bound)
+
+
 FALLING = 0.95  # a seed below this share of the best is clearly slower, not noise
 
 

@@ -110,6 +110,8 @@ class FeedrateOptunaSweeper(OptunaSweeper):
                 for job, (trial, ret) in enumerate(zip(batch, returns, strict=True), start=first):
                     failures += _tell(study, trial, ret, skips.get(job))
                     del unfinished[trial.number]
+                if len(asked) - len(skips) < wanted and len(directions) == 1:
+                    _climb(study, impl.config)
                 if failures > impl.max_failure_rate * len(returns):
                     log.error(
                         "%d of %d trials failed, more than max_failure_rate=%g",
@@ -173,6 +175,38 @@ def _tell(study: optuna.Study, trial: optuna.trial.Trial, ret, skipped: str | No
         trial.set_user_attr(REASON_KEY, str(failure) if failure is not None else "failed")
     study.tell(trial, state=TrialState.FAIL)
     return 1
+
+
+def _climb(study: optuna.Study, config) -> None:
+    """A loader sweep's next trial, once the fastest trial so far is at or past the top seed
+    and has the most workers tried yet: it, with twice the workers
+    (:func:`feedrate.sweep.space.next_rung`). TPE alone rarely proposes past the seeds: it
+    models the region it has seen. A trial the guard then skips (or a slower one) ends it."""
+    workers = "loader.num_workers"  # feedrate.sweep.space.loader_search_space's
+    if not config.get("sweep"):
+        return
+    from feedrate.sweep.space import max_workers, next_rung, seed_workers
+
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return
+    best = study.best_trial
+    fastest = best.params.get(workers)
+    tried = [
+        t.params.get(workers, t.system_attrs.get("fixed_params", {}).get(workers))
+        for t in study.get_trials(deepcopy=False)
+    ]
+    tried = [int(n) for n in tried if n is not None]
+    if fastest is None or fastest < max(seed_workers(config)):
+        return  # the seeds bracket the peak: the search (and sweep.bound_by_seeds) goes on
+    rung = next_rung(int(fastest), max(tried, default=0), max_workers(config))
+    if rung is None:
+        return
+    study.enqueue_trial({**best.params, workers: rung})
+    log.info(
+        "the fastest trial so far (%d workers, %s %.1f) has the most workers tried yet: the"
+        " next trial is it with %d workers",
+        *(fastest, config.get("objective", "samples_per_sec"), best.value, rung),
+    )
 
 
 def _say_skips(ran: int, wanted: int, skipped: int) -> None:
