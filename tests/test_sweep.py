@@ -1104,7 +1104,9 @@ def test_where_the_loader_alone_and_the_seeds_fall_no_more_workers_are_run(
 
 def _without_workers(overrides: list[str]) -> list[str]:
     """A trial's settings but its workers (and the launcher's cut-off, from the best so far)."""
-    return sorted(o for o in overrides if not o.startswith(("loader.num_workers=", "trainer.abandon")))
+    return sorted(
+        o for o in overrides if not o.startswith(("loader.num_workers=", "trainer.abandon"))
+    )
 
 
 @pytest.mark.parametrize("peak", [None, 4], ids=["rising", "peaks-at-4"])
