@@ -1109,14 +1109,15 @@ def _without_workers(overrides: list[str]) -> list[str]:
     )
 
 
-@pytest.mark.parametrize("peak", [None, 4], ids=["rising", "peaks-at-4"])
+@pytest.mark.parametrize("peak", [None, 16, 4], ids=["rising", "peaks-at-16", "peaks-at-4"])
 def test_the_search_climbs_past_the_top_seed_while_it_is_the_fastest(
     project, monkeypatch, capsys, peak
 ):
     """The seeds stop at 16 workers a core (a rank's share of the cores under
     sweep.ranks_per_node: 16 a rank on 2 ranks of 2 cores, where a per-rank grid peaked at 32).
     While the fastest trial has the most workers tried, the next one doubles them, its other
-    settings kept; where the seeds bracket the peak, nothing is added."""
+    settings kept, until one reads slower; where the seeds bracket the peak, nothing is
+    added."""
     monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 1.0)
     rate = (lambda n: n) if peak is None else (lambda n: min(n, peak) / max(1, n - peak))
     proc, runner = _simulated(
@@ -1139,6 +1140,9 @@ def test_the_search_climbs_past_the_top_seed_while_it_is_the_fastest(
         assert _without_workers(searched[3]) == _without_workers(searched[2])
         assert _without_workers(searched[4]) == _without_workers(searched[2])
         assert proc.out.count(climbed) == 2 and "(16 workers, samples_per_sec" in proc.out
+    elif peak == 16:
+        assert workers[3] == 32 and proc.out.count(climbed) == 1, "32 read slower: no 64"
+        assert 64 not in workers
     else:
         assert climbed not in proc.out
         assert max(workers) <= 16, "the seeds past the peak bound the search"

@@ -623,21 +623,13 @@ class Tuner:
         return window + max(ref.seconds - window, 0.0) * workers / ref.workers
 
     def _in_space(self, params: dict) -> dict:
-        """``params`` a trial of the search can take: its keys, within its ranges (a setting
-        the run started with may leave a key unset, or hold a value it does not search)."""
+        """``params`` a trial of the search can take (:func:`feedrate.sweep.space.in_space`)."""
+        from feedrate.sweep.space import in_space
+
         space = {}
         for trial in self._study.get_trials(deepcopy=False):
             space.update(trial.distributions)
-        kept = {}
-        for key, value in params.items():
-            if key not in space or value is None:
-                continue
-            try:
-                if space[key]._contains(space[key].to_internal_repr(value)):
-                    kept[key] = value
-            except (ValueError, TypeError):
-                pass
-        return kept
+        return in_space(params, space)
 
     def _seeds_pending(self) -> bool:
         study = self._open_study()

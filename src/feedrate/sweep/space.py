@@ -96,6 +96,23 @@ def next_rung(best: int, widest: int, bound: int) -> int | None:
     return min(2 * best, bound)
 
 
+def in_space(params: dict[str, Any], space: dict[str, Any]) -> dict[str, Any]:
+    """Those of ``params`` a trial of the search ``space`` (name -> Optuna distribution) can
+    take: its keys, within its ranges. A setting a run started with may leave a key unset or
+    hold a value the search does not have, and a resumed study's trials may come from a
+    wider space than this sweep's; Optuna refuses such a fixed value when the trial is asked."""
+    kept = {}
+    for key, value in params.items():
+        if key not in space or value is None:
+            continue
+        try:
+            if space[key]._contains(space[key].to_internal_repr(value)):
+                kept[key] = value
+        except (ValueError, TypeError):
+            pass
+    return kept
+
+
 FALLING = 0.95  # a seed below this share of the best is clearly slower, not noise
 
 

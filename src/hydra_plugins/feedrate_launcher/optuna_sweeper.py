@@ -110,8 +110,6 @@ class FeedrateOptunaSweeper(OptunaSweeper):
                 for job, (trial, ret) in enumerate(zip(batch, returns, strict=True), start=first):
                     failures += _tell(study, trial, ret, skips.get(job))
                     del unfinished[trial.number]
-                if len(asked) - len(skips) < wanted and len(directions) == 1:
-                    _climb(study, impl.config)
                 if failures > impl.max_failure_rate * len(returns):
                     log.error(
                         "%d of %d trials failed, more than max_failure_rate=%g",
@@ -119,6 +117,9 @@ class FeedrateOptunaSweeper(OptunaSweeper):
                     )
                     for ret in returns:
                         ret.return_value  # noqa: B018 - raises the first failure's exception
+                more = len(asked) - len(skips) < wanted and len(asked) < 2 * wanted
+                if more and len(directions) == 1 and not getattr(launcher, "stop_reason", None):
+                    _climb(study, impl.config)  # asked next; never left waiting at the end
         except KeyboardInterrupt:
             reason = "interrupted (Ctrl-C) before the trial finished"
             for trial in unfinished.values():
@@ -185,9 +186,10 @@ def _climb(study: optuna.Study, config) -> None:
     workers = "loader.num_workers"  # feedrate.sweep.space.loader_search_space's
     if not config.get("sweep"):
         return
-    from feedrate.sweep.space import max_workers, next_rung, seed_workers
+    from feedrate.sweep.space import in_space, max_workers, next_rung, seed_workers
 
-    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not completed:
         return
     best = study.best_trial
     fastest = best.params.get(workers)
@@ -201,7 +203,12 @@ def _climb(study: optuna.Study, config) -> None:
     rung = next_rung(int(fastest), max(tried, default=0), max_workers(config))
     if rung is None:
         return
-    study.enqueue_trial({**best.params, workers: rung})
+    params = {**best.params, workers: rung}
+    latest = max(completed, key=lambda t: t.number).distributions  # this sweep's space
+    shared = {k: v for k, v in params.items() if k in latest}
+    if in_space(params, best.distributions) != params or in_space(shared, latest) != shared:
+        return  # a value this sweep does not search (a resumed study's wider space)
+    study.enqueue_trial(params, skip_if_exists=True)  # another sweeper may have just done it
     log.info(
         "the fastest trial so far (%d workers, %s %.1f) has the most workers tried yet: the"
         " next trial is it with %d workers",
