@@ -1567,7 +1567,10 @@ def test_two_sweepers_share_one_study_and_lose_nothing_when_one_is_killed(
     assert trials[killed[0].number].state.name == "FAIL"
     retried = [t for t in trials if t.user_attrs.get(RETRY_KEY) == killed[0].number]
     assert len(retried) == 1 and retried[0].state.name == "COMPLETE", "asked again once"
-    assert retried[0].params == killed[0].params
+    # its parameters as stored when b was killed (the test's snapshot may predate the last
+    # one suggested); one b never stored is suggested afresh
+    stored = trials[killed[0].number].params
+    assert stored.items() <= retried[0].params.items() and len(stored) >= 3, (stored, retried)
     # each completed trial is one job that ran, on one node or the other
     jobs = _ok_jobs(project / "multirun" / "a") + _ok_jobs(project / "multirun" / "b")
     assert states.count("COMPLETE") == jobs
