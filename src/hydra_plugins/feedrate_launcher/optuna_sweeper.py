@@ -188,14 +188,14 @@ def _climb(study: optuna.Study, config) -> None:
         return
     from feedrate.sweep.space import in_space, max_workers, next_rung, seed_workers
 
-    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    trials = study.get_trials(deepcopy=False)  # one read of a shared study's storage
+    completed = [t for t in trials if t.state == TrialState.COMPLETE]
     if not completed:
         return
     best = study.best_trial
     fastest = best.params.get(workers)
     tried = [
-        t.params.get(workers, t.system_attrs.get("fixed_params", {}).get(workers))
-        for t in study.get_trials(deepcopy=False)
+        t.params.get(workers, t.system_attrs.get("fixed_params", {}).get(workers)) for t in trials
     ]
     tried = [int(n) for n in tried if n is not None]
     if fastest is None or fastest < max(seed_workers(config)):
