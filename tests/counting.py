@@ -26,12 +26,16 @@ def _sample(index: int, latency_s: float) -> tuple[torch.Tensor, int]:
 
 class Indexed(Dataset):
     """``die_with``: a worker of a loader with that many workers or more exits at once (a
-    setting that cannot run here, as one that runs out of memory)."""
+    setting that cannot run here, as one that runs out of memory). ``hang_with``: such a
+    worker never returns its sample (a worker stuck: a deadlock, a read that hangs)."""
 
     classes = [0, 1]
 
-    def __init__(self, n: int = 512, latency_ms: float = 0.0, die_with: int = 0) -> None:
-        self.n, self.latency_s, self.die_with = n, latency_ms / 1e3, die_with
+    def __init__(
+        self, n: int = 512, latency_ms: float = 0.0, die_with: int = 0, hang_with: int = 0
+    ) -> None:
+        self.n, self.latency_s = n, latency_ms / 1e3
+        self.die_with, self.hang_with = die_with, hang_with
 
     def __len__(self) -> int:
         return self.n
@@ -40,6 +44,8 @@ class Indexed(Dataset):
         info = get_worker_info()
         if self.die_with and info is not None and info.num_workers >= self.die_with:
             os._exit(1)
+        if self.hang_with and info is not None and info.num_workers >= self.hang_with:
+            threading.Event().wait()  # forever
         return _sample(index, self.latency_s)
 
 

@@ -192,17 +192,30 @@ def test_two_ranks_switch_at_the_same_step_and_train_every_sample_once(tmp_path,
     assert set(_switch_steps(metrics)) - set(epoch_ends), "none mid-epoch"
 
 
-def test_a_candidate_that_fails_is_dropped_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
-    """The 8-worker seed's workers die: it is recorded as failed, the next candidate goes on
-    from where the run was, and no sample is lost or repeated."""
+@pytest.mark.parametrize(
+    "fault, reason",
+    [
+        (["+dataset.die_with=8"], "exited unexpectedly"),
+        (
+            ["+dataset.hang_with=8", "trainer.autotune.stall_s=2"],
+            "timed out after 2.0 seconds (trainer.autotune.stall_s=2: a worker stuck)",
+        ),
+    ],
+    ids=["workers-die", "workers-stuck"],
+)
+def test_a_candidate_that_fails_is_dropped_and_the_run_goes_on(
+    tmp_path, monkeypatch, caplog, fault, reason
+):
+    """The 8-worker seed's workers die, or never return a sample: it is recorded as failed,
+    the next candidate goes on from where the run was, and no sample is lost or repeated."""
     monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
     overrides = [*_counting("map", "loader=autotune", "trainer.epochs=2"), *QUICK]
-    cfg = feedrate.compose([*overrides, "+dataset.die_with=8"], config_dir=CONF)
+    cfg = feedrate.compose([*overrides, *fault], config_dir=CONF)
     with caplog.at_level(logging.WARNING, logger="feedrate"):
         metrics = feedrate.run(cfg, output_dir=tmp_path / "run")
     failed = [c for c in metrics["autotune"]["candidates"] if c["failed"]]
     assert failed and {c["params"]["loader.num_workers"] for c in failed} == {8}
-    assert "exited unexpectedly" in failed[0]["failed"] and failed[0]["search"] is None
+    assert reason in failed[0]["failed"] and failed[0]["search"] is None
     assert "loader=autotune: trial" in caplog.text and "failed: RuntimeError" in caplog.text
     assert metrics["autotune"]["chosen"]["params"]["loader.num_workers"] != 8
     candidates = metrics["autotune"]["candidates"]
@@ -321,6 +334,7 @@ def test_the_preset_it_writes_is_checked_not_searched_by_the_next_run(
         (["trainer.stream=true"], "trainer.stream=true repeats the data without epochs"),
         (["trainer.autotune.budget_s=-1"], "trainer.autotune.budget_s=-1.0 must be positive"),
         (["trainer.autotune.window_s=0"], "trainer.autotune.window_s=0.0 must be positive"),
+        (["trainer.autotune.stall_s=0"], "trainer.autotune.stall_s=0.0 must be positive, or null"),
         (
             ["trainer.autotune.write_preset=true", "trainer.autotune.preset_name=../x"],
             "trainer.autotune.preset_name='../x' is not a valid preset name",

@@ -17,6 +17,7 @@ from .conftest import ROOT
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # its script's own limit (1200 s), and the checks after it
 def test_the_gpu_check_runs_every_stage_in_smoke_mode(tmp_path):
     project = tmp_path / "project"  # a copy: the sweep writes its preset into conf/loader/
     project.mkdir()

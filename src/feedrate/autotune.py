@@ -96,6 +96,8 @@ def check(cfg: DictConfig) -> None:
         problems.append(f"trainer.autotune.equivalence={at.equivalence} must be between 0 and 1")
     if at.max_workers is not None and at.max_workers < 1:
         problems.append(f"trainer.autotune.max_workers={at.max_workers} must be at least 1")
+    if at.stall_s is not None and at.stall_s <= 0:
+        problems.append(f"trainer.autotune.stall_s={at.stall_s} must be positive, or null")
     if problems:
         raise ConfigError("invalid loader=autotune:\n  - " + "\n  - ".join(problems))
 
@@ -236,8 +238,11 @@ class Tuner:
         measured_here: tuple[str, dict, dict] | None = None,
         state: dict | None = None,
         out_dir: Path | None = None,
+        droppable: bool = False,
     ) -> None:
         self.cfg, self.at, self.ranks = cfg, cfg.trainer.autotune, ranks
+        # a failed candidate is dropped and the run goes on (one process, map-style data)
+        self.droppable = droppable
         self.make_loader = make_loader  # (loader config, seed) -> DataLoader
         self.threads = torch.get_num_threads()  # the run's own, where a candidate sets none
         self.here, self.out_dir = here, out_dir
@@ -344,6 +349,9 @@ class Tuner:
         one's augmentations again."""
         loader_cfg = self.loader_cfg()
         torch.set_num_threads(int(loader_cfg.main_threads or self.threads))
+        if self.active and self.droppable and self.at.stall_s and loader_cfg.num_workers:
+            if not loader_cfg.timeout:  # a stuck candidate fails instead of waiting forever
+                loader_cfg = OmegaConf.merge(loader_cfg, {"timeout": float(self.at.stall_s)})
         return self.make_loader(loader_cfg, self.cfg.trainer.seed + step)
 
     def meter_config(self) -> DictConfig:
@@ -424,6 +432,8 @@ class Tuner:
     def failed(self, reason: str, steps: int = 0, seconds: float = 0.0) -> None:
         """The current candidate could not run (its workers died, memory ran out)."""
         c = self.candidate
+        if "DataLoader timed out" in reason and not self.base_loader.timeout:
+            reason += f" (trainer.autotune.stall_s={self.at.stall_s:g}: a worker stuck)"
         c.failed, c.steps, c.seconds = reason, c.steps + steps, c.seconds + seconds
         if self.ranks.is_main:
             log.warning("loader=autotune: %s failed: %s", c.describe(), reason)

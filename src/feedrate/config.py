@@ -284,6 +284,11 @@ class AutotuneConfig:
     # The fastest finalist wins, or a cheaper one whose whole interval lies within this of it
     equivalence: float = 0.05
     abandon_below: float = 0.5  # a candidate below half the best so far stops early
+    # A candidate whose loader delivers no batch for this many seconds has failed (a worker
+    # stuck: a deadlock after fork, a read that hangs) and the next one goes on, where a
+    # failed candidate can be dropped (one process, map-style data); loader.timeout, when
+    # set, applies instead. null: a stuck candidate waits, as a plain DataLoader does.
+    stall_s: float | None = 60.0
     max_workers: int | None = None  # the machine's; null: as sweep=loader bounds it
     search_threads: bool | None = None  # null: where the model trains on the CPU
     # A preset measured on this machine and workload is kept when its check reads at least

@@ -193,6 +193,7 @@ def _tuner(run: Run, work: Workload, saved: dict | None) -> Tuner:
         measured_here=found,
         state=state,
         out_dir=run.out,
+        droppable=not run.ranks.enabled and not is_stream(work.dataset),
     )
     read_as_shares(work, tuner.shares, cfg)  # any worker count goes on from its position
     tuner.build((saved or {}).get("step", 0))

@@ -212,11 +212,12 @@ class _Loader(DataLoader):
         self._latest = weakref.ref(iterator)
         return iterator
 
-    def end_workers(self) -> list[int]:
+    def end_workers(self, kill: bool = False) -> list[int]:
         """Stop the latest iteration's workers and return the exit codes of those that ended
         (how a worker died can name the cause). PyTorch's SIGCHLD handler is silenced meanwhile:
         a dead worker would otherwise raise "exited unexpectedly" inside the
-        failure's handling."""
+        failure's handling. ``kill``: the iteration failed, its workers are ended at once (a
+        stuck one would hold up PyTorch's shutdown for its join timeout, each in turn)."""
         iterator = self._latest() if self._latest is not None else None
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is None:
@@ -224,6 +225,9 @@ class _Loader(DataLoader):
         in_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL) if in_main else None
         try:
+            for worker in getattr(iterator, "_workers", []) if kill else []:
+                if worker.is_alive():
+                    worker.terminate()
             shutdown()  # joins each worker (PyTorch's own end of an iteration)
         finally:
             if previous is not None:

@@ -222,10 +222,14 @@ def _epoch_batches(
     hw: Hardware,
     meter: Meter,
     decode: Callable[[list], torch.Tensor] | None = None,
+    candidate: bool = False,
 ) -> Batches:
     """One epoch's batches on the device. From ``resume`` the epoch goes on with the same
     shuffle after the samples already trained (:class:`feedrate.loader.ResumableSampler`).
-    The meter's wait runs until a batch arrives; the host-to-device copy is the step's."""
+    The meter's wait runs until a batch arrives; the host-to-device copy is the step's.
+    ``candidate``: a loader=autotune candidate that may fail; when its loader raises, its
+    workers are ended at once (PyTorch's shutdown of the iteration would wait on each stuck
+    one in turn)."""
     sampler = getattr(loader, "sampler", None)
     shuffling = getattr(sampler, "generator", None)
     where.samples = where.batches = 0
@@ -246,7 +250,12 @@ def _epoch_batches(
     batches = iter(loader)
     while True:
         meter.step_started()
-        batch = next(batches, _END)
+        try:
+            batch = next(batches, _END)
+        except Exception:
+            if candidate:
+                loader.end_workers(kill=True)
+            raise
         if batch is _END:
             return
         where.batches += 1
@@ -453,7 +462,7 @@ def train(
     # A candidate that fails (its workers die, the memory guard trips) is dropped and the
     # next one goes on, in one process with map-style data; a stream cannot go on mid-epoch,
     # and under torchrun the other ranks are already waiting in the next all-reduce.
-    recoverable = tuner is not None and not tuner.ranks.enabled and not streaming
+    recoverable = tuner is not None and tuner.droppable
 
     def switch(failure: str | None = None) -> None:
         """The candidate's measurement is over (or it failed): the next one's loader, or the
@@ -485,11 +494,12 @@ def train(
         while stopped_at is None:
             meter.epoch_started()
             tail_held = False
-            batches = _epoch_batches(loader, where, resume, hw, meter, decode)
+            dropped = tuning and recoverable  # a failed candidate is dropped: the run goes on
+            batches = _epoch_batches(loader, where, resume, hw, meter, decode, dropped)
             resumed, resume = resume is not None, None  # only the first epoch resumes part-way
             if measure is Measure.compute:
                 batches = _resident(batches, meter)
-            if tuning and recoverable:
+            if dropped:
                 batches = _candidate_batches(batches)
             switching, failure = False, None
             try:
