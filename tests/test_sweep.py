@@ -102,6 +102,27 @@ def test_a_cheaper_configuration_wins_only_when_shown_within_the_margin():
     assert decide([noisy, fast], margin=0.25).winner is noisy, "sweep.equivalence=0.25"
 
 
+def test_the_fastest_is_the_fastest_over_the_rounds_both_ran_not_by_median():
+    """On a plateau two settings' medians differ by the luck of the rounds: here the wide one
+    has the higher median, yet the lean one read 3% more in four of five paired rounds."""
+    wide = _contestant("trial 4", [1000, 1000, 1200, 2000, 2000], False, workers=46)
+    lean = _contestant("trial 2", [1030, 1030, 1150, 2060, 2060], False, workers=32)
+    assert wide.median > lean.median and stats.compare(lean.values, wide.values).ratio > 1
+    d = decide([wide, lean])
+    assert d.fastest is lean and d.winner is lean
+    assert "trial 2 is the fastest (1,150.0 samples/s), by the rounds both ran: trial 4" in d.reason
+    assert d.versus_fastest["trial 4"].ratio < 1
+    # the same in loader=autotune's choice
+    from feedrate.autotune import Candidate
+    from feedrate.autotune import decide as choose
+
+    finalists = [
+        Candidate(c.name, {"loader.num_workers": w}, rounds=dict(enumerate(c.values)))
+        for c, w in ((wide, 46), (lean, 32))
+    ]
+    assert choose(finalists, 0.05)[0].name == "trial 2"
+
+
 def test_every_finalist_is_weighed_not_only_the_best():
     base = _contestant("recipe", [350, 360, 355, 352, 358], True, workers=4)
     fast = _contestant("trial 3", [2100, 2200, 2150, 2120, 2180], False, workers=48)

@@ -189,7 +189,7 @@ def decide(candidates: list[Candidate], margin: float) -> tuple[Candidate, str]:
         )
     finals = [c for c in ok if len(c.rounds) >= stats.MIN_ROUNDS]
     if len(finals) >= 2:
-        fastest = max(finals, key=lambda c: statistics.median(c.rounds.values()))
+        fastest = stats.fastest(finals, lambda c: c.rounds)  # by the paired rounds
         confidence = simultaneous(len(finals))  # as the sweep widens its intervals
         kept = [fastest]
         for c in finals:

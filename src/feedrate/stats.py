@@ -14,8 +14,9 @@ else is a tie. When several contestants are compared at once the caller widens t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from scipy import stats
@@ -25,6 +26,7 @@ CONFIDENCE = 0.95
 WIN, LOSS, TIE = "win", "loss", "tie"
 
 Rounds = Mapping[int, float] | Sequence[float | None]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,30 @@ def _by_round(values: Rounds) -> dict[int, float]:
     if isinstance(values, Mapping):
         return {int(k): float(v) for k, v in values.items() if v is not None}
     return {i: float(v) for i, v in enumerate(values) if v is not None}
+
+
+def fastest(contestants: Sequence[T], rounds: Callable[[T], Rounds]) -> T:
+    """The fastest by the paired rounds, the estimator every ratio reports: the one whose
+    ratio (:func:`compare`) against the fastest by median is the highest, that one's own being
+    1.0. By median alone, one setting can be "the fastest" while another reads 1.03x of it
+    over the same rounds: on a plateau the medians of two settings differ by the luck of the
+    rounds, and every claim the decision then makes is about the paired ratio. A contestant
+    sharing fewer than ``MIN_ROUNDS`` rounds with it (where it has that many) is not weighed."""
+
+    def median(c: T) -> float:
+        values = list(_by_round(rounds(c)).values())
+        return float(np.median(values)) if values else 0.0
+
+    top = max(contestants, key=median)
+    needed = min(MIN_ROUNDS, len(_by_round(rounds(top))))
+
+    def paired(c: T) -> float:
+        if c is top:
+            return 1.0
+        versus = compare(rounds(c), rounds(top))
+        return versus.ratio if versus is not None and min(versus.rounds) >= needed else 0.0
+
+    return max(contestants, key=lambda c: (paired(c), median(c)))
 
 
 def compare(a: Rounds, b: Rounds, confidence: float = CONFIDENCE) -> Comparison | None:

@@ -245,7 +245,7 @@ class Decision:
     best_baseline: Contestant | None
     reason: str
     contestants: list[Contestant] = field(default_factory=list)
-    # each measured contestant against the fastest: the ratio of medians and its interval
+    # each measured contestant against the fastest: the paired ratio and its interval
     versus_fastest: dict[str, stats.Comparison | None] = field(default_factory=dict)
     # why each contestant shown slower than the fastest is (empty for the others)
     why_slower: dict[str, str] = field(default_factory=dict)
@@ -299,7 +299,7 @@ def drop_shown_slower(contestants: list[Contestant], margin: float) -> list[Cont
     live = [c for c in contestants if c.values and not c.failures and not c.dropped]
     if len(live) < 2 or min(len(c.per_round()) for c in live) < stats.MIN_ROUNDS:
         return []
-    fastest = max(live, key=lambda c: c.median)
+    fastest = stats.fastest(live, Contestant.per_round)
     confidence = simultaneous(len(live))
     out = []
     for c in live:
@@ -320,7 +320,7 @@ def settled(contestants: list[Contestant], margin: float) -> bool:
         return True
     if min(len(c.per_round()) for c in live) < stats.MIN_ROUNDS:
         return False
-    fastest = max(live, key=lambda c: c.median)
+    fastest = stats.fastest(live, Contestant.per_round)
     confidence = simultaneous(len(live))
     for c in live:
         if c is fastest or slower_than_another(c, live, confidence):
@@ -376,8 +376,9 @@ def decide(
             + (" within the memory budget" if budget else "")
             + f", so there is nothing to decide and no preset was written ({reasons}){least}"
         )
-    fastest = max(eligible, key=lambda c: c.median)
     live = [c for c in eligible if not c.dropped]
+    fastest = stats.fastest(live or eligible, Contestant.per_round)  # by the paired rounds
+    by_median = max(eligible, key=lambda c: c.median)
     confidence = simultaneous(len(live))
     versus = {
         c.name: stats.compare(c.per_round(), fastest.per_round(), confidence) for c in eligible
@@ -402,6 +403,11 @@ def decide(
     out = [c for c in contestants if c not in eligible]
     if winner is fastest:
         reason = f"{winner.label} is the fastest ({winner.median:,.1f} samples/s)"
+        if by_median is not fastest:
+            reason += (
+                f", by the rounds both ran: {by_median.label}, of the higher median"
+                f" ({by_median.median:,.1f}), reads {described(versus[by_median.name])} of it"
+            )
         others = [c for c in close if c is not winner]
         if others:
             reason += f"; within {margin:.0%} of it but no cheaper: " + ", ".join(
