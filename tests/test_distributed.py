@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -53,6 +54,8 @@ def test_two_ranks_train_one_model_by_time_and_sum_their_throughput_over_one_win
         )
     ]
     assert m["window_samples_per_sec"] == pytest.approx(windows) and len(windows) >= 2
+    spread = (max(windows) - min(windows)) / statistics.median(windows)  # the job's windows
+    assert m["window_spread"] == pytest.approx(spread)
     # rank 0 wrote one checkpoint, of the model itself (no DistributedDataParallel wrapper)
     state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     assert state["step"] == m["steps"] and not any(k.startswith("module.") for k in state["model"])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from omegaconf import OmegaConf
 
 from feedrate.config import Measure
 from feedrate.drift import DriftGuard
-from feedrate.meter import Meter
+from feedrate.meter import Meter, WarmUp
 
 
 class Clock:
@@ -214,40 +216,85 @@ def test_measuring_ends_at_the_first_window_end_past_max_seconds():
     assert len(times.step_s) % 4 == 0 and run.step < 100
 
 
-def test_under_torchrun_every_rank_measures_the_steps_rank_0_measures():
+class _Collective:
+    """Two ranks' calls at the same steps, each rank in its own thread, as gloo pairs them:
+    ``flag`` gives rank 0's value to both (distributed.flag), ``every`` whether both hold
+    (distributed.every)."""
+
+    def __init__(self) -> None:
+        self.barrier, self.values = threading.Barrier(2, timeout=10), [False, False]
+
+    def _exchange(self, rank: int, mine: bool) -> list[bool]:
+        self.values[rank] = mine
+        self.barrier.wait()
+        seen = list(self.values)
+        self.barrier.wait()  # both read before either writes again
+        return seen
+
+    def flag(self, rank: int, mine: bool) -> bool:
+        return self._exchange(rank, mine)[0]
+
+    def every(self, rank: int, mine: bool) -> bool:
+        return all(self._exchange(rank, mine))
+
+
+def test_under_torchrun_every_rank_measures_the_same_steps_from_the_last_warm_up():
     """Rank 1 steps twice as fast and has a longer start-up backlog: on its own it would
-    measure from another step, and run out of time at another. Taking rank 0's word at the
-    same steps (distributed.flag), it opens and closes its windows with rank 0's."""
-    said: list[bool] = []  # rank 0's decisions, in the order it made them
-
-    def rank0(mine: bool) -> bool:
-        said.append(mine)
-        return mine
-
-    heard = iter(said)
+    measure from another step, and run out of time at another. The window opens once every
+    rank's warm-up is over (distributed.every; rank 0's alone would have measured rank 1
+    still eating its backlog), and ends at rank 0's word (distributed.flag): both ranks
+    measure the same steps."""
+    both = _Collective()
     ranks = [
-        Run(total=10_000, max_seconds=0.99, agree=rank0),
+        Run(total=10_000, max_seconds=0.99, agree=functools.partial(both.flag, 0)),
         Run(
             total=10_000,
             max_seconds=0.99,
             backlog=12,
             steady_state=True,
-            agree=lambda _: next(heard),
+            agree=functools.partial(both.flag, 1),
         ),
     ]
-    alone = Run(total=10_000, max_seconds=0.99, backlog=12, steady_state=True)
-    alone.steps(10_000, compute=0.02)
-    for i in range(10_000):
-        ended = [ranks[0].steps(1), ranks[1].steps(1, compute=0.02)]
-        assert ended[0] == ended[1], f"step {i + 1}: the ranks disagree"
-        if ended[0]:
-            break
+    for rank, run in enumerate(ranks):
+        run.meter.agree_all = functools.partial(both.every, rank)
+    alone = [
+        Run(total=10_000, max_seconds=0.99),
+        Run(total=10_000, max_seconds=0.99, backlog=12, steady_state=True),
+    ]
+    alone[0].steps(10_000)
+    alone[1].steps(10_000, compute=0.02)
+    ended: list[list[bool]] = [[], []]
+
+    def rank(r: int) -> None:
+        while not ended[r] or not ended[r][-1]:
+            ended[r].append(ranks[r].steps(1, compute=0.04 if r == 0 else 0.02))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert ended[0] == ended[1], "the ranks ended at different steps"
     first, second = (r.meter for r in ranks)
-    assert first._warm_end == second._warm_end == 2  # rank 0's warm-up: 2 steps, no backlog
+    assert alone[0].meter._warm_end == 2 < alone[1].meter._warm_end  # rank 1's is longer
+    assert first._warm_end == second._warm_end == alone[1].meter._warm_end
     assert len(first.times.step_s) == len(second.times.step_s)
     assert len(first.times.window_rates) == len(second.times.window_rates)
     assert second.times.elapsed_s < 0.7  # its own clock: 0.03 s a step, rank 0's 0.05
-    assert (alone.meter._warm_end, alone.step) != (2, ranks[1].step)  # alone, it differs
+    assert (alone[1].meter._warm_end, alone[1].step) != (second._warm_end, ranks[1].step)
+
+
+def test_a_rank_whose_warm_up_is_over_stays_over_while_the_others_finish_theirs():
+    """Once two windows agreed, the warm-up is over at every later step too: the window opens
+    when the last rank's is, and an unsteady window meanwhile does not reopen this one's."""
+    clock = Clock()
+    warm = WarmUp(2, window_steps=2, clock=clock)
+    over = []
+    for seconds in [0.1] * 7 + [0.5, 0.01, 0.9]:  # steady, then anything but
+        clock.now += seconds
+        over.append(warm.update())
+    first = over.index(True)
+    assert warm.settled and all(over[first:]) and first < 7
 
 
 def test_ranks_ask_rank_0_only_when_measuring_ends_by_what_a_rank_sees():

@@ -22,6 +22,7 @@ from torch.utils.data import DistributedSampler
 
 from feedrate.errors import ConfigError
 from feedrate.hardware import Hardware
+from feedrate.metrics import window_spread
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,7 @@ def gather(metrics: dict, ranks: Ranks) -> dict:
     windows = [m.get("window_samples_per_sec") for m in every]
     if all(isinstance(w, list) for w in windows):
         total["window_samples_per_sec"] = [sum(r) for r in zip(*windows, strict=False)]
+        total["window_spread"] = window_spread(total["window_samples_per_sec"])
     for key in ("data_wait_frac", "step_time_p50_ms", "step_time_p90_ms", "first_batch_s"):
         values = [m.get(key) for m in every if m.get(key) is not None]
         total[key] = max(values) if values else None
@@ -193,6 +195,15 @@ def flag(value: bool, ranks: Ranks) -> bool:
         return value
     box = torch.tensor([1 if value else 0], dtype=torch.int32)
     dist.broadcast(box, src=0, group=_CONTROL)
+    return bool(box.item())
+
+
+def every(value: bool, ranks: Ranks) -> bool:
+    """Is ``value`` true on every rank: a one-integer all-reduce (MIN) on the CPU."""
+    if not ranks.enabled:
+        return value
+    box = torch.tensor([1 if value else 0], dtype=torch.int32)
+    dist.all_reduce(box, op=dist.ReduceOp.MIN, group=_CONTROL)
     return bool(box.item())
 
 

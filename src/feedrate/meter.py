@@ -74,11 +74,14 @@ class WarmUp:
         self._window_steps = 0
         self._last_rate: float | None = None
         self.cut = False  # the run ended before the warm-up did
+        self.ended = False  # this rank's warm-up is over
 
     def update(self, waited: bool = False) -> bool:
         """One warm-up step done (``waited``: mostly waiting for its batch); True when the
-        warm-up is over (measure from the next)."""
+        warm-up is over (measure from the next), and at every step after that."""
         self.steps += 1
+        if self.ended:  # under torchrun, until every rank's is over
+            return True
         if waited and self.steps > self.workers:  # the queue ran dry: no backlog is left
             self.backlog = min(self.backlog, self.steps)
         if self.steps < max(self.min_steps, self.backlog):
@@ -106,11 +109,12 @@ class WarmUp:
 
     def _over(self) -> bool:
         self.seconds = self.clock() - self.started_at
+        self.ended = True
         return True
 
     def follow(self) -> None:
-        """Under torchrun: rank 0's warm-up is over, so this rank's is too (the ranks open
-        and close their windows at the same steps)."""
+        """Under torchrun: every rank's warm-up is over, so the job's is (the ranks open and
+        close their windows at the same steps); this rank's lasted until now."""
         self._over()
 
     def cut_short(self) -> None:
@@ -160,12 +164,16 @@ class Meter:
         drift: DriftGuard | None = None,  # told each window's data-wait share
         workers: int = 0,  # the loader's: the warm-up's backlog ends once the queue runs dry
         agree: Callable[[bool], bool] = lambda mine: mine,
+        agree_all: Callable[[bool], bool] = lambda mine: mine,
     ) -> None:
         self.cfg, self.total, self.measure = cfg, total, measure
         # Under torchrun, rank 0's decision on every rank (feedrate.distributed.flag): when
-        # the warm-up ends and when measuring is over, so every rank measures the same steps
-        # and the job's rate is a sum over one window. Called at the same steps on every rank.
+        # measuring is over, so every rank measures the same steps and the job's rate is a
+        # sum over one window. Called at the same steps on every rank.
         self.agree = agree
+        # ... and whether every rank's warm-up is over (feedrate.distributed.every): the
+        # window opens once no rank still eats its start-up backlog, not at rank 0's word
+        self.agree_all = agree_all
         # A measured window is at least num_workers steps (the caller's ``window_steps``):
         # workers started together deliver in bursts, and a window must see each deliver.
         self.window_steps = max(1, window_steps)
@@ -263,10 +271,9 @@ class Meter:
             now = self.clock()  # did the step wait for its batch most of the time?
             waited = self._t1 - self._t0 > 0.5 * (now - self._t0)
             settled = self.warm.update(waited)
-            if self.agree(settled):
+            if self.agree_all(settled):
                 self._warm_end = step
-                if not settled:
-                    self.warm.follow()
+                self.warm.follow()
             elif step >= self.total - 1:  # one step left: measure it anyway
                 self._warm_end = step
                 self.warm.cut_short()

@@ -43,6 +43,12 @@ INPUT_BOUND_WAIT_FRAC = 0.10
 NOISY_OTHER_CPU_FRAC = 0.25
 
 
+def window_spread(rates: list[float]) -> float | None:
+    """(max - min) / median of the measured windows' samples/s; None with fewer than two."""
+    median = statistics.median(rates) if rates else 0.0
+    return (max(rates) - min(rates)) / median if len(rates) > 1 and median > 0 else None
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -116,8 +122,7 @@ def summarise(
     # sustain, and the start-up backlog cannot pass for throughput (docs/design.md).
     use_produced = stream and produced_rate is not None
     rate = min(consumed_rate, produced_rate) if use_produced else consumed_rate
-    median = statistics.median(rates) if rates else 0.0
-    spread = (max(rates) - min(rates)) / median if len(rates) > 1 and median > 0 else None
+    spread = window_spread(rates)
     restarts = result.epoch_restart_s
     mb = 1 / 2**20
     return {

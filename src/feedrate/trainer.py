@@ -376,7 +376,14 @@ def _meter(
         sync=lambda: _sync(hw.device),
         bar=bar,
         drift=drift,
-        **({"agree": functools.partial(distributed.flag, ranks=ranks)} if agreed(cfg) else {}),
+        **(
+            {
+                "agree": functools.partial(distributed.flag, ranks=ranks),
+                "agree_all": functools.partial(distributed.every, ranks=ranks),
+            }
+            if agreed(cfg)
+            else {}
+        ),
     )
 
 
