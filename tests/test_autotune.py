@@ -422,6 +422,7 @@ def test_the_search_thins_the_fastest_seeds_threads_deepens_it_then_climbs(compo
 
     monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)  # seeds 2, 8, 32
     seeds = [2, 8, 32]
+    in_order = seeds[::-1]  # the most workers first
     main = default_threads()["loader.main_threads"]  # PyTorch's: the seeds'
     thin = max(1, main // 2)
     budget = ["trainer.autotune.budget_s=600", "trainer.autotune.max_workers=64"]
@@ -447,7 +448,7 @@ def test_the_search_thins_the_fastest_seeds_threads_deepens_it_then_climbs(compo
 
     deep.workers_tried(rates, 1 + len(seeds) + 4)
     assert tried(deep)[: len(seeds) + 2 + (main > 1)] == [
-        *[(w, 2, main) for w in seeds],
+        *[(w, 2, main) for w in in_order],
         *thinned(seeds[-1]),
         (seeds[-1], 8, thin),
         (64, 8, thin),
@@ -456,7 +457,7 @@ def test_the_search_thins_the_fastest_seeds_threads_deepens_it_then_climbs(compo
     flat = _Planned(compose, *shallow, *budget)
     flat.workers_tried(lambda w: 100.0 * (1 + w), 1 + len(seeds) + 4)
     assert tried(flat)[: len(seeds) + 2 + (main > 1)] == [
-        *[(w, 2, main) for w in seeds],
+        *[(w, 2, main) for w in in_order],
         *thinned(seeds[-1]),
         (seeds[-1], 8, main),
         (64, 2, main),
@@ -466,7 +467,7 @@ def test_the_search_thins_the_fastest_seeds_threads_deepens_it_then_climbs(compo
         lambda w: 1000.0 - abs(w - seeds[0]), 1 + len(seeds) + 1 + (main > 1) + 1
     )
     assert tried(peaked)[: len(seeds) + 1 + (main > 1)] == [
-        *[(w, 2, main) for w in seeds],
+        *[(w, 2, main) for w in in_order],
         *thinned(seeds[0]),
         (seeds[0], 8, main),
     ]
@@ -474,7 +475,27 @@ def test_the_search_thins_the_fastest_seeds_threads_deepens_it_then_climbs(compo
     # from the run's own loader, whose thread counts are unset (not values the search takes)
     wide = _Planned(compose, "loader.num_workers=48", *budget)
     workers = wide.workers_tried(lambda w: 100.0 * (1 + w), 1 + len(seeds) + 2)
-    assert workers[: 3 + len(seeds)] == [48, *seeds, 48, 64]
+    assert workers[: 3 + len(seeds)] == [48, *in_order, 48, 64]
+
+
+def test_a_candidate_reads_what_its_workers_sustain_and_one_stopped_warming_up_is_out(compose):
+    """A window that ate a queue faster than the workers refilled it reads the workers' rate
+    (reads that stall: 2,705 consumed, 1,320 produced); a seed the meter stopped in its
+    warm-up, clearly below the best, is no finalist and is not counted as unmeasured."""
+    from feedrate.meter import StepTimes
+
+    planned = _Planned(compose, "loader.num_workers=0", "loader.prefetch_factor=null")
+    tuner = planned.tuner
+    tuner.start()
+    drained = StepTimes(samples=2705, produced=1320, elapsed_s=1.0)
+    tuner.measured({"times": drained, "abandoned": ""}, None, 40, 3.0)
+    assert tuner.candidate.search == 1320
+    assert tuner.advance()
+    seed = tuner.candidate
+    why = "ended early in its warm-up after 1.4 s: 224.0 samples/s at most in its last two"
+    tuner.measured({"times": StepTimes(), "abandoned": why}, None, 8, 1.5)
+    assert seed.failed == why and seed.search is None
+    assert tuner._study.trials[seed.trial].state.name == "PRUNED"
 
 
 def test_the_budget_ends_a_measurement_and_starts_no_candidate_that_cannot_fit(compose):
@@ -519,7 +540,7 @@ def test_the_budget_ends_a_measurement_and_starts_no_candidate_that_cannot_fit(c
     assert final.tuner.over(False)
     final.measure(lambda w: None, seconds=0.0)  # the second finalist's round, cut
     assert not second.failed and not second.rounds  # measured before: still a finalist
-    assert not final.tuner.advance() and tried[:2] == [0, 2]
+    assert not final.tuner.advance() and tried[:4] == [0, 32, 8, 2]  # most workers first
 
 
 def test_shares_say_where_they_stand_and_go_on_from_there():

@@ -192,6 +192,38 @@ def test_samples_produced_meanwhile_are_counted_to_take_the_lower_of_the_two():
     assert run.meter.times.produced == 28 * 4
 
 
+def test_where_workers_never_idle_a_queue_drained_in_the_window_is_not_throughput():
+    """loader=autotune's windows (``sustained``) and streams: the rate is the lower of
+    consumed and produced. Training eats 200 samples/s from a queue the workers refill at 80
+    (a backlog behind a stalled batch): 80 is what the setting sustains."""
+    from feedrate.meter import rate_of
+
+    drained = Run(total=10_000, abandon_below=150.0, sustained=True)
+    assert drained.steps(10_000, produce=4) is True
+    assert "below trainer.abandon_below=150.0" in drained.meter.abandoned
+    assert rate_of(drained.meter.times, produced=True) == pytest.approx(80.0)
+    plain = Run(total=200, abandon_below=150.0)  # epochs: workers idle at each epoch's end
+    plain.steps(200, produce=4)
+    assert plain.meter.abandoned == ""
+    assert rate_of(plain.meter.times, produced=False) == pytest.approx(200.0)
+
+
+def test_a_candidate_clearly_below_the_floor_stops_in_its_warm_up_where_asked():
+    """loader=autotune's warm-up steps train the run: a setting whose two settling windows,
+    after 1 s, are both below the floor stops there, before a measured second of it."""
+    slow = dict(total=10_000, steady_state=True, abandon_below=100.0)
+    early = Run(**slow, abandon_warming=True)  # 10 samples a 0.21 s step: 47.6 samples/s
+    assert early.steps(10_000, compute=0.2) is True
+    assert early.meter.times.step_s == [], "nothing measured"
+    assert "ended early in its warm-up after 2.1 s: 47.6 samples/s" in early.meter.abandoned
+    assert early.step == 10, "the 2 warm-up steps, then two settling windows of 4"
+    late = Run(**slow)  # the sweep's trials: warm up, then measure a second and two windows
+    assert late.steps(10_000, compute=0.2) is True
+    assert "ended early after" in late.meter.abandoned and late.step > early.step
+    fast = Run(total=60, steady_state=True, abandon_below=100.0, abandon_warming=True)
+    assert fast.steps(60) is True and fast.meter.abandoned == ""  # 200 samples/s
+
+
 def test_a_checkpoint_closes_the_window_and_measuring_resumes_after_a_fresh_warm_up():
     run = Run(total=40)
     run.steps(10)

@@ -38,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from feedrate import distributed, hardware, provenance, stats
 from feedrate.errors import ConfigError
+from feedrate.meter import rate_of
 from feedrate.project import command
 
 log = logging.getLogger(__name__)
@@ -370,6 +371,9 @@ class Tuner:
                     at.abandon_below * best / self.ranks.world_size if searching else None
                 ),
                 "stream": False,
+                # the epochs' tails are left out: the lower of consumed and produced
+                "sustained": True,
+                "abandon_warming": True,  # its warm-up trains the run too
             }
         )
 
@@ -383,12 +387,12 @@ class Tuner:
     def measured(self, finished: dict, monitor: Any, steps: int, seconds: float) -> None:
         """The current candidate's measurement (a meter's ``finish()``) is over."""
         times = finished["times"]
-        rate = times.samples / times.elapsed_s if times.elapsed_s > 0 else None
+        rate = rate_of(times, produced=True)  # what it sustains, not a queue drained
         c = self.candidate
         c.steps += steps
         c.seconds += seconds
         cut, self._budget_cut = self._budget_cut, False
-        if finished.get("abandoned") and rate is not None:
+        if finished.get("abandoned"):
             c.failed = finished["abandoned"]  # clearly slower: not a finalist
         if rate is None and cut and c.figures:
             pass  # measured before; a round cut short pairs nothing
@@ -807,7 +811,10 @@ class Tuner:
                 self._study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         same = seed_settings(node)
         threads = default_threads(self.ranks.local_world_size) if search_threads(node) else {}
-        for workers in seeds:
+        # The most workers first: where they win (reads that wait), the best figure is then
+        # known early, and the seeds far below it stop in their warm-up instead of training
+        # the run at a fraction of its rate for a whole measurement (abandon_below)
+        for workers in sorted(seeds, reverse=True):
             params = {"loader.num_workers": workers, **same, **threads}
             if not any(self._same(c.params, params) for c in self.candidates):
                 self._study.enqueue_trial(params)

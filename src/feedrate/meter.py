@@ -73,6 +73,7 @@ class WarmUp:
         self._window_start: float | None = None
         self._window_steps = 0
         self._last_rate: float | None = None
+        self.rates: list[float] = []  # steps/s of each settling window
         self.cut = False  # the run ended before the warm-up did
         self.ended = False  # this rank's warm-up is over
 
@@ -101,6 +102,7 @@ class WarmUp:
         rate = self._window_steps / span if span > 0 else float("inf")
         self._window_start, self._window_steps = now, 0
         last, self._last_rate = self._last_rate, rate
+        self.rates.append(rate)
         self.windows += 1
         if last is not None and abs(rate / last - 1.0) <= self.tolerance:
             self.settled = True
@@ -284,6 +286,10 @@ class Meter:
                     self.warm.steps,
                     self.warm.backlog,
                 )
+            if not self.abandoned and self._slow_while_warming(samples):
+                # this rank's word; loader=autotune takes rank 0's (Tuner.over), and the
+                # collectives above and below are called at the same steps on every rank
+                self.done = True
         measured_step = step - self._warm_end if self._warm_end is not None else -1
         restart = step == self._rewarm_until  # the warm-up after a checkpoint is over
         self._measured = measured_step > 0 and step > self._rewarm_until
@@ -333,6 +339,26 @@ class Meter:
 
     # -- inside ----------------------------------------------------------------------------
 
+    def _slow_while_warming(self, samples: int) -> bool:
+        """``abandon_warming`` (``loader=autotune``, whose warm-up steps are the run's): its
+        last two settling windows, after 1 s, both below ``abandon_below``. They come after
+        the start-up backlog, so a rate that low is the setting's own, and every second
+        more of it costs the run samples (2 workers on reads that stall: 10 s a candidate
+        at 224 samples/s, where 32 workers trained 2,000)."""
+        cfg, warm = self.cfg, self.warm
+        floor = cfg.abandon_below
+        if floor is None or not self.cfg.get("abandon_warming", False) or len(warm.rates) < 2:
+            return False
+        seconds = self.clock() - warm.started_at
+        rates = [r * samples for r in warm.rates[-2:]]
+        if seconds < 1.0 or max(rates) >= floor:
+            return False
+        self.abandoned = (
+            f"ended early in its warm-up after {seconds:.1f} s: {max(rates):,.1f} samples/s at"
+            f" most in its last two settling windows, below trainer.abandon_below={floor:,.1f}"
+        )
+        return True
+
     def _begin_measuring(self) -> float:
         """Warm-up over: the device quiet, memory sampled, then the clock starts."""
         self.sync()
@@ -380,7 +406,7 @@ class Meter:
         times.elapsed_s += t2 - self._t0  # the measured steps' own time, pauses left out
         if window_end:
             if cfg.abandon_below is not None:
-                self.abandoned = clearly_below(times, cfg.abandon_below, cfg.stream)
+                self.abandoned = clearly_below(times, cfg.abandon_below, sustained(cfg))
             self.done = self.agree(self.done or out_of_time or bool(self.abandoned))
 
     def _close(self, t2: float, step: int | None) -> None:
@@ -419,14 +445,34 @@ class Meter:
         self._seen = 0
 
 
-def clearly_below(times: StepTimes, floor: float, stream: bool) -> str:
+def sustained(cfg: Any) -> bool:
+    """Is the rate the lower of consumed and produced? Where the workers never idle for want
+    of indices: a stream, and ``loader=autotune``'s windows (``sustained``), which leave the
+    epochs' tails out. There a queue drained during the window cannot pass for throughput:
+    reads that stall one time in 40, 32 workers x 2: a 2.7 s window ate 2,705 samples/s
+    from the backlog of batches in order behind a stalled one, a rate the setting then
+    sustained at 1,320."""
+    return bool(cfg.stream or cfg.get("sustained", False))
+
+
+def rate_of(times: StepTimes, produced: bool) -> float | None:
+    """Samples/s over the measured time: consumed, or with ``produced`` (:func:`sustained`)
+    the lower of that and what the workers produced meanwhile. None: nothing measured."""
+    if times.elapsed_s <= 0:
+        return None
+    rate = times.samples / times.elapsed_s
+    if produced and times.produced is not None:
+        rate = min(rate, times.produced / times.elapsed_s)
+    return rate
+
+
+def clearly_below(times: StepTimes, floor: float, produced: bool) -> str:
     """Why a sweep trial can stop measuring now: after 1 s and two windows, its running rate
-    is below ``floor`` (the sweep's: half its best trial). Empty while it may still catch up."""
+    (:func:`rate_of`) is below ``floor`` (the sweep's: half its best trial). Empty while it
+    may still catch up."""
     if times.elapsed_s < 1.0 or len(times.window_rates) < 2:
         return ""
-    rate = times.samples / times.elapsed_s
-    if stream and times.produced is not None:
-        rate = min(rate, times.produced / times.elapsed_s)
+    rate = rate_of(times, produced)
     if rate >= floor:
         return ""
     return (

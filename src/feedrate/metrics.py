@@ -6,6 +6,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING
 
+from feedrate.meter import rate_of
 from feedrate.project import command
 
 if TYPE_CHECKING:
@@ -120,8 +121,8 @@ def summarise(
     produced_rate = times.produced / elapsed if times.produced is not None else None
     # Streaming, workers never idle for lack of indices: what they produced is what they
     # sustain, and the start-up backlog cannot pass for throughput (docs/design.md).
-    use_produced = stream and produced_rate is not None
-    rate = min(consumed_rate, produced_rate) if use_produced else consumed_rate
+    rate = rate_of(times, stream)
+    rate = consumed_rate if rate is None else rate  # nothing measured: nan
     spread = window_spread(rates)
     restarts = result.epoch_restart_s
     mb = 1 / 2**20
