@@ -347,7 +347,7 @@ class Meter:
         at 224 samples/s, where 32 workers trained 2,000)."""
         cfg, warm = self.cfg, self.warm
         floor = cfg.abandon_below
-        if floor is None or not self.cfg.get("abandon_warming", False) or len(warm.rates) < 2:
+        if floor is None or not cfg.get("abandon_warming", False) or len(warm.rates) < 2:
             return False
         seconds = self.clock() - warm.started_at
         rates = [r * samples for r in warm.rates[-2:]]
