@@ -29,6 +29,8 @@ N, BATCH = 960, 8  # 120 steps an epoch
 QUICK = [
     "trainer.autotune.write_preset=false",
     "trainer.autotune.window_s=0.1",
+    # windows of a few steps, not whole epochs: candidates switch inside the counted epochs
+    "trainer.autotune.whole_epochs_s=null",
     "trainer.autotune.warmup_steps=1",
     "trainer.autotune.window_steps=2",
     "trainer.autotune.max_workers=8",  # seeds: 2 and 8 workers (2 cores)

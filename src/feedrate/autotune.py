@@ -86,6 +86,10 @@ def check(cfg: DictConfig) -> None:
         problems.append(f"trainer.autotune.budget_s={at.budget_s} must be positive, or null")
     if at.window_s <= 0:
         problems.append(f"trainer.autotune.window_s={at.window_s} must be positive")
+    if at.whole_epochs_s is not None and at.whole_epochs_s <= 0:
+        problems.append(
+            f"trainer.autotune.whole_epochs_s={at.whole_epochs_s} must be positive, or null"
+        )
     if at.finalists < 1 or at.rounds < 0:
         problems.append(
             f"trainer.autotune.finalists={at.finalists} must be at least 1 and"
@@ -366,12 +370,15 @@ class Tuner:
                 "window_steps": at.window_steps,
                 "steady_state": True,
                 "max_seconds": at.window_s,
+                # short epochs: over a whole one, its restart included
+                "whole_epochs_s": at.whole_epochs_s,
                 # a rank-0 figure, in this rank's samples/s
                 "abandon_below": (
                     at.abandon_below * best / self.ranks.world_size if searching else None
                 ),
                 "stream": False,
-                # the epochs' tails are left out: the lower of consumed and produced
+                # the epochs' tails are left out: the lower of consumed and produced (over
+                # whole epochs, what training consumed)
                 "sustained": True,
                 "abandon_warming": True,  # its warm-up trains the run too
             }
@@ -392,6 +399,8 @@ class Tuner:
         c.steps += steps
         c.seconds += seconds
         cut, self._budget_cut = self._budget_cut, False
+        if cut and times.by_epochs and times.epochs_measured is None:
+            rate = None  # cut inside its first whole epoch: windows would leave its end out
         if finished.get("abandoned"):
             c.failed = finished["abandoned"]  # clearly slower: not a finalist
         if rate is None and cut and c.figures:
@@ -416,6 +425,8 @@ class Tuner:
             c.peak_mb = max(c.peak_mb or 0.0, pss / 2**20)
         if self.ranks.is_main:
             shown = f"{rate:,.1f} samples/s" if rate is not None else "no figure"
+            if rate is not None and times.by_epochs:
+                shown += " over whole epochs"
             phase = f"round {self.round + 1}" if self.phase == "final" else self.phase
             log.info(
                 "loader=autotune %s: %s -> %s%s (%.1f s)",

@@ -361,6 +361,10 @@ def _meter(
     """The meter of ``loader`` from step ``start`` on, measured as ``cfg`` says; under
     torchrun every rank's windows open and close at rank 0's steps."""
     workers = getattr(loader, "num_workers", 0) or 0
+    try:  # whole epochs of a map-style loader (autotune's candidates, whole_epochs_s)
+        epoch_steps = None if is_stream(getattr(loader, "dataset", None)) else len(loader)
+    except TypeError:  # no length
+        epoch_steps = None
     return Meter(
         cfg,
         total=total,
@@ -376,6 +380,7 @@ def _meter(
         sync=lambda: _sync(hw.device),
         bar=bar,
         drift=drift,
+        epoch_steps=epoch_steps,
         **(
             {
                 "agree": functools.partial(distributed.flag, ranks=ranks),
@@ -527,7 +532,8 @@ def train(
                     if tuning:
                         tuner.steps += 1
                         tuner.samples += len(y) * tuner.ranks.world_size
-                        if not streaming and not tail_held and in_tail(loader, where):
+                        held = streaming or tail_held or meter.whole_epochs
+                        if not held and in_tail(loader, where):
                             tail_held = True  # until the next epoch's backlog is eaten
                             left = len(loader) - where.samples // loader.batch_size
                             meter.checkpoint_paused(where.step, left + unsteady(loader))
@@ -567,7 +573,7 @@ def train(
             if stopped_at is None and tuning:
                 if streaming and tuner.over(meter.done):
                     switch()  # the next epoch starts with the next loader
-                else:  # the epoch's restart and its backlog are no part of the rate
+                elif not meter.whole_epochs:  # the restart and its backlog: not in the rate
                     meter.checkpoint_paused(where.step, unsteady(loader))
             elif stopped_at is None and tuner is not None and tuner.drifted(meter):
                 ended = meter.finish()  # on_drift=retune: from this epoch's start
