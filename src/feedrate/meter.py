@@ -389,11 +389,12 @@ class Meter:
     def _epoch_fits(self, rate: float | None) -> int:
         """``whole_epochs_s``: does an epoch take at most that long at ``rate`` (steps/s, the
         warm-up's)? Then the measurement runs from here to the same step of the next epoch
-        (and on, whole epochs, until ``max_seconds``), so the epoch's end and restart are in the figure as
-        the run will pay them at every epoch. A window between them misses that where the
-        epoch is short against the queue: photos, 47 batches an epoch, 32 workers x 2 read
-        847.6 samples/s in windows and then sustained 628.6, paying a 2.8 s first batch at
-        every epoch (0.6 s with 7 workers). Rank 0's word under torchrun. The epoch's steps
+        (and on, whole epochs, until ``max_seconds``), so the epoch's end and restart are in
+        the figure as the run will pay them at every epoch. A window between them misses
+        that where the epoch is short against the queue: photos, 47 batches an epoch, 32
+        workers x 2 read 847.6 samples/s in windows and then sustained 628.6, paying a 2.8 s
+        first batch at every epoch (0.6 s with 7 workers). Rank 0's word under torchrun. The
+        epoch's steps
         (0: windows as usual)."""
         limit = self.cfg.get("whole_epochs_s")
         if not limit or not self.epoch_steps:
