@@ -140,6 +140,27 @@ def test_switches_on_an_epochs_last_batch_shuffle_the_next_epoch_as_one_loader_w
     assert recorded(tuned) == recorded(plain)
 
 
+def test_where_epochs_are_short_a_candidate_measures_a_whole_one_and_no_sample_is_lost(
+    tmp_path, monkeypatch, caplog
+):
+    """The default ``whole_epochs_s``: 120 steps an epoch fit in it, so each candidate's
+    figure covers a whole epoch, its end and restart included, before the next one starts
+    where it stopped; every epoch still trains each sample once."""
+    monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
+    quick = [o for o in QUICK if not o.startswith("trainer.autotune.whole_epochs_s")]
+    cfg = feedrate.compose(
+        _counting("map", "loader=autotune", "trainer.epochs=6", *quick), config_dir=CONF
+    )
+    assert cfg.trainer.autotune.whole_epochs_s == 10.0
+    with caplog.at_level(logging.INFO, logger="feedrate"):
+        metrics = feedrate.run(cfg, output_dir=tmp_path / "run")
+    assert [sorted(e) for e in _epochs(recorded(tmp_path), N)] == [list(range(N))] * 6
+    candidates = metrics["autotune"]["candidates"]
+    measured = [c for c in candidates[:-1] if not c["failed"]]  # the last: cut by the run's end
+    assert len(measured) >= 2 and "samples/s over whole epochs" in caplog.text
+    assert all(c["steps"] >= N // BATCH for c in measured), "its warm-up, then a whole epoch"
+
+
 def test_a_stream_switches_mid_epoch_and_trains_every_sample_once(tmp_path, monkeypatch):
     """A resumable stream is read as fixed shares: 0, 2 and 8 workers go on from the shares'
     positions inside each epoch."""
@@ -498,6 +519,31 @@ def test_a_candidate_reads_what_its_workers_sustain_and_one_stopped_warming_up_i
     tuner.measured({"times": StepTimes(), "abandoned": why}, None, 8, 1.5)
     assert seed.failed == why and seed.search is None
     assert tuner._study.trials[seed.trial].state.name == "PRUNED"
+
+
+def test_over_whole_epochs_a_candidate_reads_them_and_one_cut_inside_its_first_has_no_figure(
+    compose,
+):
+    """Short epochs (``whole_epochs_s``): a candidate's figure is its whole epochs', restart
+    included, not the windows' around them; one the budget cut inside its first whole epoch
+    has none (its figure would leave the epoch's end out), and is no finalist."""
+    from feedrate.meter import StepTimes
+
+    planned = _Planned(compose, "loader.num_workers=0", "loader.prefetch_factor=null")
+    tuner = planned.tuner
+    tuner.start()
+    # photos, 32 x 2: 847.6 samples/s in windows, 628.6 over its epochs
+    epochs = StepTimes(samples=4238, elapsed_s=5.0, by_epochs=True, epochs_measured=(3143, 5.0))
+    tuner.measured({"times": epochs, "abandoned": ""}, None, 66, 9.0)
+    assert tuner.candidate.search == pytest.approx(628.6)
+    assert tuner.advance()
+    cut = tuner.candidate
+    tuner.spent = tuner.budget
+    assert tuner.over(False), "the budget is spent"
+    inside = StepTimes(samples=2000, elapsed_s=2.0, by_epochs=True)
+    tuner.measured({"times": inside, "abandoned": ""}, None, 31, 4.0)
+    assert cut.search is None and cut.failed.startswith("cut: the tuning budget ran out")
+    assert tuner._study.trials[cut.trial].state.name == "PRUNED"
 
 
 def test_the_budget_ends_a_measurement_and_starts_no_candidate_that_cannot_fit(compose):

@@ -65,6 +65,7 @@ class Run:
         window=None,
         workers=0,
         agree=None,
+        epoch_steps=None,
         **cfg,
     ) -> None:
         self.clock, self.monitor, self.syncs, self.produced = Clock(), Monitor(), 0, 0
@@ -87,6 +88,7 @@ class Run:
             clock=self.clock,
             drift=drift,
             workers=workers,
+            epoch_steps=epoch_steps,
             **({"agree": agree} if agree is not None else {}),
         )
         self.step = 0
@@ -102,6 +104,20 @@ class Run:
             self.produced += produce
             self.step += 1
             if self.meter.step_done(self.step, batch, **step_args) or self.step >= self.total:
+                return True
+        return False
+
+    def epochs(self, n, steps, restart, first=None, produce=10) -> bool:
+        """``n`` epochs of ``steps`` (the first ``first``: a loader built mid-epoch), as
+        loader=autotune's loop runs them, telling the meter of each end; each next epoch's
+        first batch waits ``restart`` s more (the workers refill their queues)."""
+        for e in range(n):
+            if e:
+                self.meter.epoch_end(self.step)
+                self.meter.epoch_started()
+            if self.steps(1, wait=0.01 + (restart if e else 0.0), produce=produce):
+                return True
+            if self.steps((first if first and not e else steps) - 1, produce=produce):
                 return True
         return False
 
@@ -457,3 +473,48 @@ def test_the_summary_says_n_a_for_figures_nothing_measured():
     )
     assert "samples/s        n/a" in text and "data wait        n/a of step time" in text
     assert "memory (PSS)     812 MB peak over 3 processes" in text
+
+
+def test_over_whole_epochs_a_short_epochs_restart_is_in_the_figure():
+    """loader=autotune where an epoch is short (``whole_epochs_s``): from the warm-up's end to
+    the same step of the next epoch, the restart included, whatever ``max_seconds`` says;
+    windows paused at the epochs' ends read the steady rate alone. 20 steps of 10 samples in
+    0.05 s each, and a 1 s restart: 200 samples in 2 s an epoch."""
+    from feedrate.meter import rate_of
+
+    short = dict(total=10_000, steady_state=True, max_seconds=0.5, sustained=True)
+    whole = Run(**short, whole_epochs_s=10.0, epoch_steps=20)
+    assert whole.epochs(10, steps=20, restart=1.0) is True
+    times = whole.meter.times
+    assert whole.meter.whole_epochs and times.by_epochs
+    assert len(times.step_s) == 20, "one whole epoch, though max_seconds ended before it"
+    assert rate_of(times, produced=True) == pytest.approx(100.0)
+    assert times.epochs_measured == (200, pytest.approx(2.0))
+    # over whole epochs what training consumed is the figure, not the workers' count
+    slow_count = Run(**short, whole_epochs_s=10.0, epoch_steps=20)
+    assert slow_count.epochs(10, steps=20, restart=1.0, produce=5) is True
+    assert rate_of(slow_count.meter.times, produced=True) == pytest.approx(100.0)
+    windows = Run(**short)  # as before: the epochs' ends left out
+    assert windows.epochs(10, steps=20, restart=1.0) is True
+    assert rate_of(windows.meter.times, produced=True) == pytest.approx(200.0)
+    # an epoch longer than whole_epochs_s (20 steps a second): windows
+    long = Run(**short, whole_epochs_s=0.5, epoch_steps=20)
+    assert long.epochs(10, steps=20, restart=1.0) is True
+    assert not long.meter.whole_epochs
+    assert rate_of(long.meter.times, produced=True) == pytest.approx(200.0)
+
+
+def test_over_whole_epochs_a_warm_up_still_going_at_an_epochs_start_ends_there():
+    """A candidate built 8 steps before its epoch's end, with a start-up backlog of 15
+    batches: at the next epoch's start the start-up is behind, so the measurement is that
+    epoch, its restart first; 8 steps in 0.4 s say an epoch fits in ``whole_epochs_s``."""
+    from feedrate.meter import rate_of
+
+    run = Run(
+        total=10_000, backlog=15, steady_state=True, max_seconds=0.5, sustained=True,
+        whole_epochs_s=10.0, epoch_steps=20,
+    )  # fmt: skip
+    assert run.epochs(10, steps=20, restart=1.0, first=8) is True
+    assert run.step == 8 + 20, "its first epoch's last step"
+    assert len(run.meter.times.step_s) == 20
+    assert rate_of(run.meter.times, produced=True) == pytest.approx(100.0)

@@ -326,6 +326,13 @@ class Meter:
         in the figure, so the loop does not pause the meter at them."""
         return bool(self._cycle)
 
+    def epoch_end(self, step: int, extra: int = 0) -> None:
+        """``loader=autotune``: an epoch's end is reached after ``step`` (its tail, or its
+        last step). Windows pause through it (:meth:`checkpoint_paused`, ``extra`` steps more);
+        whole epochs measure it."""
+        if not self.whole_epochs:
+            self.checkpoint_paused(step, extra)
+
     def checkpoint_paused(self, step: int, extra: int = 0) -> None:
         """A checkpoint was saved after ``step`` (every rank pauses, under torchrun for rank
         0's save): close the window; measuring resumes after a fresh warm-up, ``extra``

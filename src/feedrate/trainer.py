@@ -532,11 +532,10 @@ def train(
                     if tuning:
                         tuner.steps += 1
                         tuner.samples += len(y) * tuner.ranks.world_size
-                        held = streaming or tail_held or meter.whole_epochs
-                        if not held and in_tail(loader, where):
+                        if not streaming and not tail_held and in_tail(loader, where):
                             tail_held = True  # until the next epoch's backlog is eaten
                             left = len(loader) - where.samples // loader.batch_size
-                            meter.checkpoint_paused(where.step, left + unsteady(loader))
+                            meter.epoch_end(where.step, left + unsteady(loader))
                         # a map-style epoch (or shares) goes on in the next loader; a
                         # stream's at its end
                         switching = (shared or not streaming) and tuner.over(done)
@@ -573,8 +572,8 @@ def train(
             if stopped_at is None and tuning:
                 if streaming and tuner.over(meter.done):
                     switch()  # the next epoch starts with the next loader
-                elif not meter.whole_epochs:  # the restart and its backlog: not in the rate
-                    meter.checkpoint_paused(where.step, unsteady(loader))
+                else:  # the restart and its backlog: in the rate over whole epochs alone
+                    meter.epoch_end(where.step, unsteady(loader))
             elif stopped_at is None and tuner is not None and tuner.drifted(meter):
                 ended = meter.finish()  # on_drift=retune: from this epoch's start
                 drift_before += ended["drift_warnings"]
