@@ -30,7 +30,7 @@ QUICK = [
     "trainer.autotune.write_preset=false",
     "trainer.autotune.window_s=0.1",
     # windows of a few steps, not whole epochs: candidates switch inside the counted epochs
-    "trainer.autotune.whole_epochs_s=null",
+    "trainer.autotune.whole_epochs_s=0",
     "trainer.autotune.warmup_steps=1",
     "trainer.autotune.window_steps=2",
     "trainer.autotune.max_workers=8",  # seeds: 2 and 8 workers (2 cores)
@@ -143,15 +143,16 @@ def test_switches_on_an_epochs_last_batch_shuffle_the_next_epoch_as_one_loader_w
 def test_where_epochs_are_short_a_candidate_measures_a_whole_one_and_no_sample_is_lost(
     tmp_path, monkeypatch, caplog
 ):
-    """The default ``whole_epochs_s``: 120 steps an epoch fit in it, so each candidate's
-    figure covers a whole epoch, its end and restart included, before the next one starts
-    where it stopped; every epoch still trains each sample once."""
+    """The default ``whole_epochs_s`` (a twelfth of the budget, 50 s here): 120 steps an
+    epoch fit in it, so each candidate's figure covers a whole epoch, its end and restart
+    included, before the next one starts where it stopped; every epoch still trains each
+    sample once."""
     monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
     quick = [o for o in QUICK if not o.startswith("trainer.autotune.whole_epochs_s")]
     cfg = feedrate.compose(
         _counting("map", "loader=autotune", "trainer.epochs=6", *quick), config_dir=CONF
     )
-    assert cfg.trainer.autotune.whole_epochs_s == 10.0
+    assert cfg.trainer.autotune.whole_epochs_s is None
     with caplog.at_level(logging.INFO, logger="feedrate"):
         metrics = feedrate.run(cfg, output_dir=tmp_path / "run")
     assert [sorted(e) for e in _epochs(recorded(tmp_path), N)] == [list(range(N))] * 6

@@ -86,9 +86,10 @@ def check(cfg: DictConfig) -> None:
         problems.append(f"trainer.autotune.budget_s={at.budget_s} must be positive, or null")
     if at.window_s <= 0:
         problems.append(f"trainer.autotune.window_s={at.window_s} must be positive")
-    if at.whole_epochs_s is not None and at.whole_epochs_s <= 0:
+    if at.whole_epochs_s is not None and at.whole_epochs_s < 0:
         problems.append(
-            f"trainer.autotune.whole_epochs_s={at.whole_epochs_s} must be positive, or null"
+            f"trainer.autotune.whole_epochs_s={at.whole_epochs_s} must be at least 0 (0: never),"
+            " or null (a twelfth of the budget)"
         )
     if at.finalists < 1 or at.rounds < 0:
         problems.append(
@@ -371,7 +372,7 @@ class Tuner:
                 "steady_state": True,
                 "max_seconds": at.window_s,
                 # short epochs: over a whole one, its restart included
-                "whole_epochs_s": at.whole_epochs_s,
+                "whole_epochs_s": self.whole_epochs_s,
                 # a rank-0 figure, in this rank's samples/s
                 "abandon_below": (
                     at.abandon_below * best / self.ranks.world_size if searching else None
@@ -383,6 +384,14 @@ class Tuner:
                 "abandon_warming": True,  # its warm-up trains the run too
             }
         )
+
+    @property
+    def whole_epochs_s(self) -> float:
+        """Epochs that take at most this long are measured whole (0: never): a twelfth of the
+        budget where ``whole_epochs_s`` is null, so that the phase still fits about a dozen
+        measurements (seeds, the climb, the rounds) where each takes an epoch."""
+        at = self.at
+        return float(at.whole_epochs_s if at.whole_epochs_s is not None else self.budget / 12)
 
     def over(self, done: bool) -> bool:
         """Rank 0's ``done`` (its meter's measurement is over, or the budget is spent), on
