@@ -502,6 +502,11 @@ def test_over_whole_epochs_a_short_epochs_restart_is_in_the_figure():
     assert long.epochs(10, steps=20, restart=1.0) is True
     assert not long.meter.whole_epochs
     assert rate_of(long.meter.times, produced=True) == pytest.approx(200.0)
+    # ... unless the queue holds a quarter of it or more (8 of 20 batches), up to 3 x as long
+    queued = Run(**short, whole_epochs_s=0.5, epoch_steps=20, backlog=8)
+    assert queued.epochs(10, steps=20, restart=1.0) is True
+    assert queued.meter.whole_epochs
+    assert rate_of(queued.meter.times, produced=True) == pytest.approx(100.0)
 
 
 def test_over_whole_epochs_a_warm_up_still_going_at_an_epochs_start_ends_there():

@@ -175,6 +175,7 @@ class Meter:
     ) -> None:
         self.cfg, self.total, self.measure = cfg, total, measure
         self.epoch_steps = epoch_steps
+        self._queue = backlog  # the batches its workers hold (num_workers x prefetch_factor)
         self._cycle = 0  # measured over whole epochs of this many steps (0: windows)
         # Under torchrun, rank 0's decision on every rank (feedrate.distributed.flag): when
         # measuring is over, so every rank measures the same steps and the job's rate is a
@@ -395,7 +396,10 @@ class Meter:
 
     def _epoch_fits(self, rate: float | None) -> int:
         """``whole_epochs_s``: does an epoch take at most that long at ``rate`` (steps/s, the
-        warm-up's)? Then the measurement runs from here to the same step of the next epoch
+        warm-up's), or three times that where it is short against the queue (fewer than four
+        queues of batches: no steady stretch between its ends)? The warm-up's rate is low
+        where it straddles restarts, which are what a short epoch is made of. Then the
+        measurement runs from here to the same step of the next epoch
         (and on, whole epochs, until ``max_seconds``), so the epoch's end and restart are in
         the figure as the run will pay them at every epoch. A window between them misses
         that where the epoch is short against the queue: photos, 47 batches an epoch, 32
@@ -406,7 +410,9 @@ class Meter:
         limit = self.cfg.get("whole_epochs_s")
         if not limit or not self.epoch_steps:
             return 0
-        fits = rate is not None and self.epoch_steps / rate <= limit
+        seconds = self.epoch_steps / rate if rate else math.inf
+        short = self.epoch_steps < 4 * self._queue
+        fits = seconds <= limit or (short and seconds <= 3 * limit)
         return self.epoch_steps if self.agree(fits) else 0
 
     def _begin_measuring(self) -> float:
