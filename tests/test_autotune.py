@@ -402,9 +402,12 @@ def test_on_drift_retune_tunes_again_once_the_data_wait_rose(tmp_path, caplog):
     assert "the input pipeline fell behind" in caplog.text
     assert "tuning again, from" in caplog.text
     earlier = metrics["autotune"]["earlier"]
-    assert earlier and earlier[0]["chosen"] is not None
-    assert metrics["autotune"]["candidates"][0]["name"] == "current"
-    assert metrics["autotune"]["candidates"][0]["params"] == earlier[0]["chosen"]["params"]
+    assert earlier and all(phase["chosen"] is not None for phase in earlier)
+    # The guard may warn again later in the run; each phase starts from the one before.
+    phases = [*earlier, metrics["autotune"]]
+    for before, after in zip(phases, phases[1:]):
+        assert after["candidates"][0]["name"] == "current"
+        assert after["candidates"][0]["params"] == before["chosen"]["params"]
 
 
 class _Planned:
