@@ -405,7 +405,7 @@ def test_on_drift_retune_tunes_again_once_the_data_wait_rose(tmp_path, caplog):
     assert earlier and all(phase["chosen"] is not None for phase in earlier)
     # The guard may warn again later in the run; each phase starts from the one before.
     phases = [*earlier, metrics["autotune"]]
-    for before, after in zip(phases, phases[1:]):
+    for before, after in zip(phases[:-1], phases[1:], strict=True):
         assert after["candidates"][0]["name"] == "current"
         assert after["candidates"][0]["params"] == before["chosen"]["params"]
 
@@ -548,6 +548,50 @@ def test_over_whole_epochs_a_candidate_reads_them_and_one_cut_inside_its_first_h
     tuner.measured({"times": inside, "abandoned": ""}, None, 31, 4.0)
     assert cut.search is None and cut.failed.startswith("cut: the tuning budget ran out")
     assert tuner._study.trials[cut.trial].state.name == "PRUNED"
+
+
+def test_a_phase_measures_every_candidate_the_way_its_first_whole_epoch_one_was(compose):
+    """Figures over whole epochs (restart in) and in windows (restart out) do not compare:
+    once a candidate of the search is measured over whole epochs, so is every later one and
+    every final round, whatever its own rate; a search with none so has its rounds in
+    windows; the check of a preset is in windows, as the preset was measured. The way holds
+    across a checkpoint, and a tuning again decides it afresh."""
+    from feedrate import distributed
+    from feedrate.autotune import Tuner
+    from feedrate.meter import StepTimes
+
+    def whole(tuner) -> bool | None:
+        return tuner.meter_config()["whole_epochs"]
+
+    planned = _Planned(compose, "loader.num_workers=0", "loader.prefetch_factor=null")
+    tuner = planned.tuner
+    tuner.start()
+    assert whole(tuner) is None, "undecided: the candidate's own epoch length says"
+    planned.measure(lambda w: 600.0)  # in windows: its epoch was long at its rate
+    assert tuner.advance() and whole(tuner) is None
+    epochs = StepTimes(samples=4238, elapsed_s=5.0, by_epochs=True, epochs_measured=(3143, 5.0))
+    tuner.measured({"times": epochs, "abandoned": ""}, None, 66, 9.0)
+    assert tuner.advance() and whole(tuner) is True
+    while tuner.phase == "search":
+        planned.measure(lambda w: 500.0 + w)
+        assert tuner.advance()
+    assert tuner.phase == "final" and whole(tuner) is True
+    state = tuner.state()
+    again = Tuner(tuner.cfg, distributed.Ranks(), lambda loader, seed: None, None, state=state)
+    assert again.by_epochs is True, "kept in the checkpoint"
+    tuner.chosen = tuner.candidate
+    tuner.retune({"times": StepTimes(samples=100, elapsed_s=1.0)})
+    assert whole(tuner) is None
+
+    windows = _Planned(compose, "loader.num_workers=0", "loader.prefetch_factor=null").tuner
+    windows.start()
+    windows._start_finals()
+    assert whole(windows) is False, "finals without a whole-epoch candidate: windows"
+
+    here = ("at_test", {}, {"samples_per_sec": 600.0})
+    make = lambda loader, seed: None  # noqa: E731
+    check = Tuner(tuner.cfg, distributed.Ranks(), make, None, measured_here=here)
+    assert check.phase == "confirm" and whole(check) is False
 
 
 def test_the_budget_ends_a_measurement_and_starts_no_candidate_that_cannot_fit(compose):

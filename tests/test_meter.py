@@ -523,3 +523,73 @@ def test_over_whole_epochs_a_warm_up_still_going_at_an_epochs_start_ends_there()
     assert run.step == 8 + 20, "its first epoch's last step"
     assert len(run.meter.times.step_s) == 20
     assert rate_of(run.meter.times, produced=True) == pytest.approx(100.0)
+
+
+def test_over_whole_epochs_the_phases_way_holds_whatever_the_candidates_rate():
+    """``whole_epochs`` (loader=autotune's phase, once one candidate was measured so): True
+    measures an epoch too long for ``whole_epochs_s`` whole; False keeps a short one in
+    windows."""
+    from feedrate.meter import rate_of
+
+    short = dict(total=10_000, steady_state=True, max_seconds=0.5, sustained=True)
+    forced = Run(**short, whole_epochs_s=0.5, epoch_steps=20, whole_epochs=True)
+    assert forced.epochs(10, steps=20, restart=1.0) is True
+    assert forced.meter.whole_epochs
+    assert rate_of(forced.meter.times, produced=True) == pytest.approx(100.0)
+    kept = Run(**short, whole_epochs_s=10.0, epoch_steps=20, whole_epochs=False)
+    assert kept.epochs(10, steps=20, restart=1.0) is True
+    assert not kept.meter.whole_epochs
+    assert rate_of(kept.meter.times, produced=True) == pytest.approx(200.0)
+
+
+def test_over_whole_epochs_a_candidate_is_abandoned_on_what_its_whole_epoch_can_reach():
+    """Its measurement starts at an epoch's start (its warm-up still going there), so its
+    first windows hold a 3 s restart and few steps: 23.5 samples/s after two. Its whole
+    epoch reads 80 (400 samples in 5 s), and at most a whole epoch's samples over the time
+    so far is what ``abandon_below`` is held against: 70 keeps it, 90 ends it before the
+    epoch's end."""
+    from feedrate.meter import rate_of
+
+    args = dict(
+        total=10_000, backlog=15, steady_state=True, max_seconds=0.5, sustained=True,
+        whole_epochs_s=10.0, epoch_steps=40,
+    )  # fmt: skip
+    kept = Run(**args, abandon_below=70.0)
+    assert kept.epochs(10, steps=40, restart=3.0, first=8) is True
+    assert kept.meter.abandoned == ""
+    assert len(kept.meter.times.step_s) == 40
+    assert rate_of(kept.meter.times, produced=True) == pytest.approx(80.0)
+    ended = Run(**args, abandon_below=90.0)
+    assert ended.epochs(10, steps=40, restart=3.0, first=8) is True
+    assert "at most, over the whole epoch it is in, below" in ended.meter.abandoned
+    assert len(ended.meter.times.step_s) < 40
+
+
+def test_over_whole_epochs_a_checkpoint_leaves_its_pause_out_and_the_epochs_end_in():
+    """A save one step before the measurement's epoch end: measuring goes on through it (a
+    re-warm would have taken in that end, and measured on to the next), and the save's
+    0.5 s is not in the figure."""
+    from feedrate.meter import rate_of
+
+    run = Run(
+        total=10_000, steady_state=True, max_seconds=0.5, sustained=True,
+        whole_epochs_s=10.0, epoch_steps=20,
+    )  # fmt: skip
+
+    def step() -> bool:
+        if run.step and run.step % 20 == 0:  # the epoch's end, then the next one's restart
+            run.meter.epoch_end(run.step)
+            run.meter.epoch_started()
+            return run.steps(1, wait=1.01)
+        return run.steps(1)
+
+    while run.meter._warm_end is None:
+        step()
+    end = run.meter._warm_end + 20
+    while run.step < end - 1:
+        assert not step()
+    run.clock.now += 0.5  # the save
+    run.meter.checkpoint_paused(run.step)
+    assert step() is True and run.step == end
+    assert len(run.meter.times.step_s) == 20
+    assert rate_of(run.meter.times, produced=True) == pytest.approx(100.0)

@@ -284,6 +284,10 @@ class Tuner:
         self.retunes = 0
         self.written: str | None = None
         self.history: list[dict] = []  # the phases before, when the run tuned again
+        # Whether this phase's candidates are measured over whole epochs (whole_epochs_s):
+        # None until one is, then True for the rest of the search and the finals; windows
+        # (False) for finals that start with none so. Figures taken both ways do not compare.
+        self.by_epochs: bool | None = None
         self._clock_start: float | None = None
         self._clock_end: float | None = None
         self._budget_cut = False  # the current measurement ended at the budget
@@ -371,8 +375,10 @@ class Tuner:
                 "window_steps": at.window_steps,
                 "steady_state": True,
                 "max_seconds": at.window_s,
-                # short epochs: over a whole one, its restart included
+                # short epochs: over a whole one, its restart included; the phase's way once
+                # decided, and the preset's check as the preset was measured (in windows)
                 "whole_epochs_s": self.whole_epochs_s,
+                "whole_epochs": False if self.phase == "confirm" else self.by_epochs,
                 # a rank-0 figure, in this rank's samples/s
                 "abandon_below": (
                     at.abandon_below * best / self.ranks.world_size if searching else None
@@ -410,12 +416,15 @@ class Tuner:
         cut, self._budget_cut = self._budget_cut, False
         if cut and times.by_epochs and times.epochs_measured is None:
             rate = None  # cut inside its first whole epoch: windows would leave its end out
+        if times.by_epochs and self.phase == "search":
+            self.by_epochs = True  # the rest of the phase is measured so too
         if finished.get("abandoned"):
             c.failed = finished["abandoned"]  # clearly slower: not a finalist
         if rate is None and cut and c.figures:
             pass  # measured before; a round cut short pairs nothing
         elif rate is None and cut:
-            c.failed = c.failed or "cut: the tuning budget ran out before its first window"
+            first = "whole epoch's end" if times.by_epochs else "window"
+            c.failed = c.failed or f"cut: the tuning budget ran out before its first {first}"
         elif rate is None:
             c.failed = c.failed or "nothing measured (the run's steps ran out first)"
         elif cut and self.phase == "final":
@@ -434,7 +443,7 @@ class Tuner:
             c.peak_mb = max(c.peak_mb or 0.0, pss / 2**20)
         if self.ranks.is_main:
             shown = f"{rate:,.1f} samples/s" if rate is not None else "no figure"
-            if rate is not None and times.by_epochs:
+            if rate is not None and times.epochs_measured is not None:
                 shown += " over whole epochs"
             phase = f"round {self.round + 1}" if self.phase == "final" else self.phase
             log.info(
@@ -479,6 +488,7 @@ class Tuner:
                 "phase": self.phase,
                 "round": self.round,
                 "chosen": self.chosen.name if self.chosen else None,
+                "by_epochs": self.by_epochs,
             }
         else:
             message = None
@@ -490,6 +500,7 @@ class Tuner:
                 message["phase"],
                 message["round"],
             )
+            self.by_epochs = message["by_epochs"]
             self.chosen = next((c for c in self.candidates if c.name == message["chosen"]), None)
             if not self.active:
                 self._clock_end = time.perf_counter()
@@ -524,6 +535,7 @@ class Tuner:
         self.phase, self.round, self.order, self.finalists = "search", 0, [], []
         self.chosen, self.reason, self.current = None, "", 0
         self.confirming = self.confirmed = None
+        self.by_epochs = None
         self._study = None
         self.spent, self._clock_start, self._clock_end = 0.0, time.perf_counter(), None
         if self.ranks.is_main:
@@ -717,6 +729,8 @@ class Tuner:
         )
         names = [name for name, _, _ in picked]
         self.phase = "final"
+        if self.by_epochs is None:
+            self.by_epochs = False  # no candidate was measured whole: nor are the rounds
         self.round = 0
         self.finalists = [i for i, c in enumerate(self.candidates) if c.name in names]
         fits = self.budget - self.elapsed() >= self._seconds_per_measurement() * len(names)
@@ -935,6 +949,7 @@ class Tuner:
             "cut": self.cut,
             "retunes": self.retunes,
             "shares": self._shares,
+            "by_epochs": self.by_epochs,
         }
 
     def _restore(self, state: dict) -> None:
@@ -948,6 +963,7 @@ class Tuner:
         self.history = list(state.get("history") or [])
         self.cut, self.retunes = bool(state.get("cut")), int(state.get("retunes") or 0)
         self._shares = state.get("shares")
+        self.by_epochs = state.get("by_epochs")
         self.chosen = next((c for c in self.candidates if c.name == state["chosen"]), None)
         self.current = state["current"]
         if self.active and self.current is not None:

@@ -276,8 +276,10 @@ class AutotuneConfig:
     window_s: float = 2.0  # each candidate's measured window, after its warm-up
     # Where an epoch takes at most this long (at the rate the warm-up read), a candidate is
     # measured over a whole epoch, from its warm-up's end to the same step of the next: the
-    # epoch's restart is in its figure, as the run will pay it at every epoch. null: a
-    # twelfth of the budget (5 s of 60: the phase still fits a dozen measurements); 0: never.
+    # epoch's restart is in its figure, as the run will pay it at every epoch (up to 3 x this
+    # where the epoch is under four of the candidate's queues). Once one candidate is measured
+    # so, the rest of the phase is too. null: a twelfth of the budget (5 s of 60: the phase
+    # still fits several measurements); 0: never.
     whole_epochs_s: float | None = None
     warmup_steps: int = 3  # at least, before the start-up backlog and the settling windows
     window_steps: int = 5  # at least: a window is num_workers steps when that is more

@@ -32,6 +32,7 @@ class StepTimes:
     # the samples and measured seconds at the last whole epoch's end; None before the first
     by_epochs: bool = False
     epochs_measured: tuple[int, float] | None = None
+    epoch_steps: int = 0  # over whole epochs: the steps of one
 
 
 class WarmUp:
@@ -253,7 +254,7 @@ class Meter:
             if self._cycle:
                 self._warm_end = self._step
                 self.warm.follow()
-                self.times.by_epochs = True
+                self.times.by_epochs, self.times.epoch_steps = True, self._cycle
                 self._open(restart=False)
         self._t_iter = self.clock()
         # the run's first batch: an epoch resumed at its very end (a checkpoint taken at an
@@ -297,7 +298,7 @@ class Meter:
                 self._warm_end = step
                 self.warm.follow()
                 self._cycle = self._epoch_fits(self.warm.rates[-1] if self.warm.rates else None)
-                self.times.by_epochs = bool(self._cycle)
+                self.times.by_epochs, self.times.epoch_steps = bool(self._cycle), self._cycle
             elif step >= self.total - 1:  # one step left: measure it anyway
                 self._warm_end = step
                 self.warm.cut_short()
@@ -338,7 +339,13 @@ class Meter:
         """A checkpoint was saved after ``step`` (every rank pauses, under torchrun for rank
         0's save): close the window; measuring resumes after a fresh warm-up, ``extra``
         steps longer (what comes next is not steady state: ``loader=autotune``'s epoch ends).
-        Asked again before measuring resumed, the longer of the two holds."""
+        Asked again before measuring resumed, the longer of the two holds. Over whole epochs
+        the save's own pause is left out and measuring goes on: a re-warm could take in the
+        epoch's end, which the figure is measured up to."""
+        if self._cycle and self._warm_end is not None:
+            if self._t_prev_end is not None:
+                self._t_prev_end = self.clock()  # the next step is timed from after the save
+            return
         if self._warm_end is not None and not self._measured:
             self._rewarm_until = max(self._rewarm_until, step + self.cfg.warmup_steps + extra)
             return
@@ -406,13 +413,15 @@ class Meter:
         workers x 2 read 847.6 samples/s in windows and then sustained 628.6, paying a 2.8 s
         first batch at every epoch (0.6 s with 7 workers). Rank 0's word under torchrun. The
         epoch's steps
-        (0: windows as usual)."""
-        limit = self.cfg.get("whole_epochs_s")
-        if not limit or not self.epoch_steps:
+        (0: windows as usual). ``whole_epochs`` True or False (loader=autotune's tuning
+        phase, once one of its candidates was measured so) decides it for every candidate of
+        a phase alike, whatever its rate: figures taken both ways do not compare."""
+        limit, mode = self.cfg.get("whole_epochs_s"), self.cfg.get("whole_epochs")
+        if not limit or not self.epoch_steps or mode is False:
             return 0
         seconds = self.epoch_steps / rate if rate else math.inf
         short = self.epoch_steps < 4 * self._queue
-        fits = seconds <= limit or (short and seconds <= 3 * limit)
+        fits = bool(mode) or seconds <= limit or (short and seconds <= 3 * limit)
         return self.epoch_steps if self.agree(fits) else 0
 
     def _begin_measuring(self) -> float:
@@ -537,13 +546,18 @@ def rate_of(times: StepTimes, produced: bool) -> float | None:
 def clearly_below(times: StepTimes, floor: float, produced: bool) -> str:
     """Why a sweep trial can stop measuring now: after 1 s and two windows, its running rate
     (:func:`rate_of`) is below ``floor`` (the sweep's: half its best trial). Empty while it
-    may still catch up."""
+    may still catch up. Over whole epochs before the first one's end, the running rate holds
+    the restart and only part of the epoch; its figure will be at most a whole epoch's
+    samples over the time so far, and that bound is what is held against ``floor``."""
     if times.elapsed_s < 1.0 or len(times.window_rates) < 2:
         return ""
-    rate = rate_of(times, produced)
+    rate, what = rate_of(times, produced), ""
+    if times.by_epochs and times.epochs_measured is None and times.step_s:
+        rate = times.samples / len(times.step_s) * times.epoch_steps / times.elapsed_s
+        what = " at most, over the whole epoch it is in"
     if rate >= floor:
         return ""
     return (
-        f"ended early after {times.elapsed_s:.1f} s measured: {rate:,.1f} samples/s, below"
-        f" trainer.abandon_below={floor:,.1f}"
+        f"ended early after {times.elapsed_s:.1f} s measured: {rate:,.1f} samples/s{what},"
+        f" below trainer.abandon_below={floor:,.1f}"
     )
