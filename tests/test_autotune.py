@@ -594,6 +594,37 @@ def test_a_phase_measures_every_candidate_the_way_its_first_whole_epoch_one_was(
     assert check.phase == "confirm" and whole(check) is False
 
 
+def test_a_final_round_starts_only_where_its_finalists_own_measurements_fit(compose):
+    """10 ms synthetic data over whole epochs: two finalists of 11.5 and 11.7 s a measurement,
+    three candidates abandoned in their warm-up or measured in 5.6 s. A round needs 23.2 s,
+    not twice the median (12.4 s), so with 15 s left none starts, and the phase ends within
+    its budget."""
+    from feedrate.autotune import Candidate
+
+    tuner = _Planned(compose, "trainer.autotune.budget_s=60").tuner
+    tuner.start()
+
+    def workers(n: int) -> dict:
+        return {"loader.num_workers": n, "loader.prefetch_factor": 2}
+
+    tuner.candidates = [
+        Candidate("start", workers(4), search=354.8, seconds=5.6),
+        Candidate("trial 1", workers(32), search=1741.8, seconds=11.5),
+        Candidate("trial 2", workers(8), failed="ended early in its warm-up", seconds=2.9),
+        Candidate("trial 3", workers(2), failed="ended early in its warm-up", seconds=4.8),
+        Candidate(
+            "trial 4", {**workers(32), "loader.main_threads": 1}, search=1636.2, seconds=11.7
+        ),
+    ]
+    tuner.spent = 45.0
+    tuner._start_finals()
+    assert [tuner.candidates[i].name for i in tuner.finalists] == ["trial 1", "trial 4"]
+    assert tuner.order == [] and tuner._next_final() is None, "23.2 s do not fit in 15"
+    tuner.spent = 36.0
+    tuner._start_finals()
+    assert tuner.order == tuner.finalists, "24 s left: a round fits"
+
+
 def test_the_budget_ends_a_measurement_and_starts_no_candidate_that_cannot_fit(compose):
     def planned(budget: int) -> _Planned:
         return _Planned(
