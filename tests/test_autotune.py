@@ -625,6 +625,57 @@ def test_a_final_round_starts_only_where_its_finalists_own_measurements_fit(comp
     assert tuner.order == tuner.finalists, "24 s left: a round fits"
 
 
+def test_a_windowed_figure_above_the_whole_epoch_ones_is_measured_again_or_left_out(compose):
+    """Reads that stall, 312 batches an epoch: 32 x 2 read 2,202.3 in windows (restart out),
+    then 32 x 8 2,096.0 over whole epochs (restart in), and no final round fitted. The
+    windowed one is measured again over whole epochs where that fits, and the choice is
+    made on figures taken one way; where it does not fit, it is left out of the choice."""
+    from feedrate.autotune import Candidate
+    from feedrate.meter import StepTimes
+
+    def phase(spent: float):
+        tuner = _Planned(compose, "trainer.autotune.budget_s=60").tuner
+        tuner.start()
+        threads = {"loader.prefetch_factor": 2, "loader.main_threads": 1}
+        tuner.candidates = [
+            Candidate("start", {"loader.num_workers": 4}, search=430.8, seconds=4.9),
+            Candidate("trial 4", {"loader.num_workers": 32, **threads}, search=2202.3, seconds=8.5),
+            Candidate(
+                "trial 5",
+                {"loader.num_workers": 32, **threads, "loader.prefetch_factor": 8},
+                search=2096.0,
+                epochs=True,
+                seconds=13.6,
+            ),
+        ]
+        tuner.by_epochs, tuner.spent = True, spent
+        return tuner
+
+    tuner = phase(40.0)  # 20 s left: a round of both (22.1 s) does not fit, 13.6 s do
+    again = tuner._measure_again(20.0)
+    assert tuner.candidates[again].name == "trial 4" and tuner.candidate.search is None
+    assert tuner.meter_config()["whole_epochs"] is True
+    epochs = StepTimes(samples=31000, elapsed_s=15.0, by_epochs=True, epochs_measured=(20000, 10.0))
+    tuner.spent += 13.0
+    tuner.measured({"times": epochs, "abandoned": ""}, None, 500, 13.0)
+    measured = tuner.candidate
+    assert (measured.search, measured.epochs, measured.windowed) == (2000.0, True, 2202.3)
+    assert tuner._measure_again(7.0) is None, "measured again once"
+    tuner._finish()
+    assert tuner.chosen.name == "trial 5", "2,096.0 against 2,000.0, both over whole epochs"
+
+    tuner = phase(50.0)  # 10 s left: no whole epoch of it fits
+    assert tuner._measure_again(10.0) is None
+    tuner._finish()
+    assert tuner.chosen.name == "trial 5" and "2 measured only in windows left out" in tuner.reason
+
+    tuner = phase(10.0)  # 50 s left: the final rounds measure both over whole epochs
+    assert tuner._measure_again(50.0) is None
+    tuner.by_epochs, tuner.candidates[2].epochs = False, False  # all in windows: as they are
+    tuner._finish()
+    assert tuner.chosen.name == "trial 4"
+
+
 def test_the_budget_ends_a_measurement_and_starts_no_candidate_that_cannot_fit(compose):
     def planned(budget: int) -> _Planned:
         return _Planned(

@@ -122,6 +122,8 @@ class Candidate:
     failed: str = ""
     seconds: float = 0.0  # spent on it, start-up and warm-up included
     steps: int = 0
+    epochs: bool = False  # its search figure was taken over whole epochs (restarts in)
+    windowed: float | None = None  # its figure in windows, where measured again over epochs
 
     @property
     def workers(self) -> int:
@@ -134,6 +136,17 @@ class Candidate:
     @property
     def median(self) -> float | None:
         return statistics.median(self.figures) if self.figures else None
+
+    @property
+    def seconds_each(self) -> float:
+        """Its seconds a measurement so far (start-up and warm-up included)."""
+        return self.seconds / max(1, len(self.figures))
+
+    def comparable(self, by_epochs: bool | None) -> list[float]:
+        """Its figures taken the phase's way: over whole epochs (``by_epochs``), a search
+        figure in windows is left out; the final rounds are all taken the phase's way."""
+        search = [self.search] if self.search is not None and (self.epochs or not by_epochs) else []
+        return [*search, *self.rounds.values()]
 
     def describe(self) -> str:
         shown = ", ".join(
@@ -179,11 +192,15 @@ def loader_config(base: DictConfig, params: dict[str, Any]) -> DictConfig:
     return merged
 
 
-def decide(candidates: list[Candidate], margin: float) -> tuple[Candidate, str]:
+def decide(
+    candidates: list[Candidate], margin: float, by_epochs: bool | None = None
+) -> tuple[Candidate, str]:
     """The winner and why, by the sweep's rule (:func:`feedrate.sweep.decide.decide`). With
     at least ``stats.MIN_ROUNDS`` paired final rounds of two or more finalists: the fastest,
     or a cheaper finalist (fewer workers, then less memory) whose whole simultaneous interval
-    against it lies within ``margin``. Otherwise the fastest measured, with no claim made."""
+    against it lies within ``margin``. Otherwise the fastest measured, with no claim made;
+    where the phase was measured over whole epochs (``by_epochs``), by the figures taken so
+    (:meth:`Candidate.comparable`): a window leaves the epoch's end and restart out."""
     from feedrate.sweep.decide import simultaneous
 
     ok = [c for c in candidates if not c.failed and c.figures]
@@ -222,10 +239,18 @@ def decide(candidates: list[Candidate], margin: float) -> tuple[Candidate, str]:
                 f" ({rounds} paired rounds)"
             )
         return winner, why
-    winner = max(ok, key=lambda c: c.median or 0.0)
+    alike = [c for c in ok if c.comparable(by_epochs)]
+    pool = alike or ok  # every whole-epoch candidate failed: the windows are all there is
+    winner = max(pool, key=lambda c: statistics.median(c.comparable(by_epochs) or c.figures))
+    left_out = len(ok) - len(pool)
     return winner, (
         f"the fastest measured; no claim (fewer than {stats.MIN_ROUNDS} paired rounds of two"
-        " finalists fitted the budget)"
+        " finalists fitted the budget"
+        + (
+            f"; {left_out} measured only in windows left out, the rest over whole epochs)"
+            if left_out
+            else ")"
+        )
     )
 
 
@@ -434,7 +459,7 @@ class Tuner:
             if self.phase == "final":
                 c.rounds[self.round] = rate
             elif c.search is None:
-                c.search = rate
+                c.search, c.epochs = rate, bool(times.by_epochs)
             wait = sum(times.wait_s) / times.elapsed_s if times.elapsed_s > 0 else None
             if wait is not None:
                 c.waits.append(wait)
@@ -454,7 +479,8 @@ class Tuner:
                 f"; {c.failed}" if c.failed else "",
                 seconds,
             )
-        if self._study is not None and c.trial is not None and self.phase == "search":
+        told = c.windowed is not None  # measured again: its trial was told the first figure
+        if self._study is not None and c.trial is not None and self.phase == "search" and not told:
             from optuna.trial import TrialState
 
             if c.search is not None and not c.failed:
@@ -549,7 +575,7 @@ class Tuner:
         """The run ended during the phase: decide on what was measured (on rank 0)."""
         if self.active and self.ranks.is_main:
             self.cut = True
-            winner, why = decide(self.candidates, self.at.equivalence)
+            winner, why = decide(self.candidates, self.at.equivalence, self.by_epochs)
             self.reason = f"the run ended during the tuning phase: {why.split(' (')[0]}"
             self.chosen = winner
             self._finish()
@@ -597,6 +623,9 @@ class Tuner:
                 found = self._ask(left)
                 if found is not None:
                     return found
+            again = self._measure_again(left)
+            if again is not None:
+                return again
             self._start_finals()
         if self.phase == "final":
             return self._next_final()
@@ -607,9 +636,7 @@ class Tuner:
         measurement so far, not the median of every candidate's, which those abandoned in
         their warm-up pull down (10 ms synthetic data over whole epochs: finalists of 11.5
         and 11.7 s against a median of 6.2, so a round was started that the budget cut)."""
-        return sum(
-            self.candidates[i].seconds / max(1, len(self.candidates[i].figures)) for i in indices
-        )
+        return sum(self.candidates[i].seconds_each for i in indices)
 
     def _seconds_per_measurement(self) -> float:
         spent = [c.seconds for c in self.candidates if c.seconds > 0]
@@ -724,7 +751,9 @@ class Tuner:
         full = params_of(self.base_loader, self.ranks)
         return {**full, **a} == {**full, **b}
 
-    def _start_finals(self) -> None:
+    def _finalists(self) -> list[int]:
+        """The candidates the final rounds would re-measure (indices): the fastest searched
+        and those within ``finalist_within`` of it (the sweep's ``pick_finalists``)."""
         from feedrate.sweep.decide import pick_finalists
 
         ranked = sorted(
@@ -736,13 +765,64 @@ class Tuner:
             self.at.finalists,
             self.at.finalist_within,
         )
-        names = [name for name, _, _ in picked]
+        names = {name for name, _, _ in picked}
+        return [i for i, c in enumerate(self.candidates) if c.name in names]
+
+    def _rounds_fit(self, finalists: list[int]) -> bool:
+        return self.budget - self.elapsed() >= self._round_seconds(finalists)
+
+    def _measure_again(self, left: float) -> int | None:
+        """Figures over whole epochs and in windows do not compare: a window leaves the
+        epoch's end and restart out. Where the phase went over to whole epochs after some
+        candidates were measured in windows, and no final rounds will re-measure them all one
+        way, the one that reads above every whole-epoch figure is measured again over whole
+        epochs if that fits in the ``left`` seconds; if not, the choice leaves it out
+        (:func:`decide`). Reads that stall, 312 batches an epoch: 32 x 2 read 2,202.3 in
+        windows, 32 x 8 then 2,096.0 over whole epochs, and no round fitted to compare them."""
+        if self.by_epochs is not True:
+            return None
+        finalists = self._finalists()
+        if len(finalists) >= 2 and self.at.rounds and self._rounds_fit(finalists):
+            return None  # the rounds measure every finalist over whole epochs
+        ok = [c for c in self.candidates if c.search is not None and not c.failed]
+        whole = [c for c in ok if c.epochs]
+        if not whole:
+            return None
+        bar = max(c.search for c in whole)
+        above = [c for c in ok if not c.epochs and c.windowed is None and c.search > bar]
+        if not above:
+            return None
+        c = max(above, key=lambda c: c.search)
+        need = max(c.seconds_each, *(w.seconds_each for w in whole))  # an epoch at its pace
+        if need > left:
+            log.info(
+                "loader=autotune: %s read %s samples/s in windows, above every figure over"
+                " whole epochs; measuring it so (about %.0f s) does not fit the %.0f s left:"
+                " the choice is made over whole epochs",
+                c.describe(),
+                f"{c.search:,.1f}",
+                need,
+                left,
+            )
+            return None
+        log.info(
+            "loader=autotune: %s read %s samples/s in windows, above every figure over whole"
+            " epochs: measured again over whole epochs, as the others",
+            c.describe(),
+            f"{c.search:,.1f}",
+        )
+        c.windowed, c.search, c.epochs = c.search, None, False
+        self.current = self.candidates.index(c)
+        return self.current
+
+    def _start_finals(self) -> None:
+        self.finalists = self._finalists()
+        names = [self.candidates[i].name for i in self.finalists]
         self.phase = "final"
         if self.by_epochs is None:
             self.by_epochs = False  # no candidate was measured whole: nor are the rounds
         self.round = 0
-        self.finalists = [i for i, c in enumerate(self.candidates) if c.name in names]
-        fits = self.budget - self.elapsed() >= self._round_seconds(self.finalists)
+        fits = self._rounds_fit(self.finalists)
         rounds = len(self.finalists) >= 2 and self.at.rounds and fits
         self.order = list(self.finalists) if rounds else []
         if not fits:
@@ -773,7 +853,7 @@ class Tuner:
     def _finish(self) -> None:
         self._clock_end = time.perf_counter()
         if self.chosen is None:
-            self.chosen, why = decide(self.candidates, self.at.equivalence)
+            self.chosen, why = decide(self.candidates, self.at.equivalence, self.by_epochs)
             self.reason = self.reason or why
         self.current = self.candidates.index(self.chosen)
         self.phase = "done"
