@@ -630,7 +630,7 @@ def test_a_windowed_figure_above_the_whole_epoch_ones_is_measured_again_or_left_
     then 32 x 8 2,096.0 over whole epochs (restart in), and no final round fitted. The
     windowed one is measured again over whole epochs where that fits, and the choice is
     made on figures taken one way; where it does not fit, it is left out of the choice."""
-    from feedrate.autotune import Candidate
+    from feedrate.autotune import Candidate, summary
     from feedrate.meter import StepTimes
 
     def phase(spent: float):
@@ -660,9 +660,24 @@ def test_a_windowed_figure_above_the_whole_epoch_ones_is_measured_again_or_left_
     tuner.measured({"times": epochs, "abandoned": ""}, None, 500, 13.0)
     measured = tuner.candidate
     assert (measured.search, measured.epochs, measured.windowed) == (2000.0, True, 2202.3)
-    assert tuner._measure_again(7.0) is None, "measured again once"
     tuner._finish()
     assert tuner.chosen.name == "trial 5", "2,096.0 against 2,000.0, both over whole epochs"
+    assert "2,000.0 (windows: 2,202.3)" in summary(tuner.report(None))
+
+    tuner = phase(40.0)  # its trial told the windowed figure; measured again, and it fails
+    study = tuner._open_study()
+    trial = study.ask()
+    study.tell(trial, 2202.3)
+    tuner.candidates[1].trial = trial.number
+    tuner.current = tuner._measure_again(20.0)
+    tuner.failed("its workers died")  # the trial is not told again
+    assert tuner.candidate.failed and tuner._measure_again(20.0) is None
+
+    tuner = phase(52.0)  # no round fits; measured again, but in windows (a stream): once only
+    tuner.current = tuner._measure_again(20.0)
+    tuner.measured({"times": StepTimes(samples=2150, elapsed_s=1.0), "abandoned": ""}, None, 9, 2)
+    assert tuner.candidate.search == 2150.0 and not tuner.candidate.epochs
+    assert tuner._measure_again(20.0) is None, "measured again once"
 
     tuner = phase(50.0)  # 10 s left: no whole epoch of it fits
     assert tuner._measure_again(10.0) is None

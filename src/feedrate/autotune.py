@@ -139,8 +139,9 @@ class Candidate:
 
     @property
     def seconds_each(self) -> float:
-        """Its seconds a measurement so far (start-up and warm-up included)."""
-        return self.seconds / max(1, len(self.figures))
+        """Its seconds a measurement so far (start-up and warm-up included; a windowed one it
+        was measured again after counts)."""
+        return self.seconds / max(1, len(self.figures) + (self.windowed is not None))
 
     def comparable(self, by_epochs: bool | None) -> list[float]:
         """Its figures taken the phase's way: over whole epochs (``by_epochs``), a search
@@ -496,7 +497,8 @@ class Tuner:
         c.failed, c.steps, c.seconds = reason, c.steps + steps, c.seconds + seconds
         if self.ranks.is_main:
             log.warning("loader=autotune: %s failed: %s", c.describe(), reason)
-        if self._study is not None and c.trial is not None and self.phase == "search":
+        told = c.windowed is not None  # measured again: its trial was told the first figure
+        if self._study is not None and c.trial is not None and self.phase == "search" and not told:
             from optuna.trial import TrialState
 
             self._study.tell(c.trial, state=TrialState.FAIL)
@@ -928,8 +930,9 @@ class Tuner:
             trial = self._study.ask()
             loader_search_space(node, trial)
             c.trial = trial.number
-            if c.search is not None and not c.failed:
-                self._study.tell(trial, c.search)
+            figure = c.search if c.search is not None else c.windowed  # measured again
+            if figure is not None and not c.failed:
+                self._study.tell(trial, figure)
             else:
                 self._study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         same = seed_settings(node)
@@ -1096,6 +1099,8 @@ def summary(report: dict) -> str:
     for c in report["candidates"]:
         figures = [c["search"], *c["rounds"].values()]
         shown = ", ".join(f"{v:,.1f}" for v in figures if v is not None) or "-"
+        if c.get("windowed") is not None:  # measured again over whole epochs
+            shown = f"{shown} (windows: {c['windowed']:,.1f})"
         params = " ".join(
             f"{k.split('.', 1)[1]}={v}" for k, v in c["params"].items() if v is not None
         )
