@@ -850,6 +850,39 @@ def test_a_wider_loader_is_tried_only_when_it_would_start_in_time(
         )
 
 
+def test_the_search_ends_where_the_climbs_next_step_does_not_fit(compose, monkeypatch, caplog):
+    """Reads that stall: the 32-worker seed took 19.4 s to start and measure; after the
+    seeds and the thinner step, 16 s are left, and its deeper queue would take 19. The search
+    ends there: no suggestion of Optuna's trains slower settings in the last seconds (2 x 8
+    did, 5.1 s at 199 samples/s against the 1,656 of the fastest)."""
+    monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)  # seeds 32, 8, 2
+    planned = _Planned(
+        compose, "trainer.autotune.budget_s=60", "trainer.autotune.window_s=2", "loader=recipe"
+    )
+    tuner = planned.tuner
+    tuner.start()
+    seen32 = []
+
+    def seconds() -> float:
+        c = tuner.candidate
+        if c.workers == 32:
+            seen32.append(c)
+            return 19.4 if len(seen32) == 1 else 11.2
+        return {4: 4.9, 8: 3.9, 2: 4.4}.get(c.workers, 4.0)
+
+    def rate(workers: int) -> float:
+        thin = tuner.candidate.params.get("loader.main_threads") == 1  # the seeds run 2
+        return {4: 428.0, 8: 760.0, 2: 300.0}.get(workers, 1431.0 + (225 if thin else 0))
+
+    with caplog.at_level("INFO", logger="feedrate.autotune"):
+        planned.measure(rate, seconds())
+        while tuner.advance():
+            planned.measure(rate, seconds())
+    assert [c.workers for c in tuner.candidates] == [4, 32, 8, 2, 32]  # the last thinner
+    assert "the climb's next step (num_workers=32, prefetch_factor=8" in caplog.text
+    assert tuner.elapsed() <= 60
+
+
 def test_the_choice_is_the_fastest_or_a_cheaper_finalist_shown_within_the_margin():
     """The sweep's rule: a cheaper finalist merely not shown slower is not taken."""
     from feedrate.autotune import Candidate, decide
