@@ -480,8 +480,7 @@ class Tuner:
                 f"; {c.failed}" if c.failed else "",
                 seconds,
             )
-        told = c.windowed is not None  # measured again: its trial was told the first figure
-        if self._study is not None and c.trial is not None and self.phase == "search" and not told:
+        if self._untold(c):
             from optuna.trial import TrialState
 
             if c.search is not None and not c.failed:
@@ -497,11 +496,16 @@ class Tuner:
         c.failed, c.steps, c.seconds = reason, c.steps + steps, c.seconds + seconds
         if self.ranks.is_main:
             log.warning("loader=autotune: %s failed: %s", c.describe(), reason)
-        told = c.windowed is not None  # measured again: its trial was told the first figure
-        if self._study is not None and c.trial is not None and self.phase == "search" and not told:
+        if self._untold(c):
             from optuna.trial import TrialState
 
             self._study.tell(c.trial, state=TrialState.FAIL)
+
+    def _untold(self, c: Candidate) -> bool:
+        """Does ``c``'s measurement still owe its Optuna trial a figure? Not one measured
+        again (its trial was told the first figure), nor a final round's."""
+        searching = self._study is not None and self.phase == "search"
+        return searching and c.trial is not None and c.windowed is None
 
     def advance(self) -> bool:
         """Choose the next candidate (rank 0; the others receive it). False: the phase is
@@ -695,15 +699,14 @@ class Tuner:
         if self._tried(params, tried):
             return False
         need = self._predicted_seconds(params)
-        if need > left:
-            if self.ranks.is_main:
-                log.info(
-                    "loader=autotune: the climb's next step (%s) would take about %.0f s, more"
-                    " than the %.0f s left: the search ends there",
-                    ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in params.items()),
-                    need,
-                    left,
-                )
+        if need > left:  # (rank 0 plans: no other logs this)
+            log.info(
+                "loader=autotune: the climb's next step (%s) would take about %.0f s, more"
+                " than the %.0f s left: the search ends there",
+                ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in params.items()),
+                need,
+                left,
+            )
             return True
         self._study.enqueue_trial(self._in_space(params))
         return False
@@ -787,7 +790,10 @@ class Tuner:
         names = {name for name, _, _ in picked}
         return [i for i, c in enumerate(self.candidates) if c.name in names]
 
-    def _rounds_fit(self, finalists: list[int]) -> bool:
+    def _rounds_run(self, finalists: list[int]) -> bool:
+        """Final rounds are asked for, there are two finalists to pair, and a round fits."""
+        if len(finalists) < 2 or not self.at.rounds:
+            return False
         return self.budget - self.elapsed() >= self._round_seconds(finalists)
 
     def _measure_again(self, left: float) -> int | None:
@@ -801,7 +807,7 @@ class Tuner:
         if self.by_epochs is not True:
             return None
         finalists = self._finalists()
-        if len(finalists) >= 2 and self.at.rounds and self._rounds_fit(finalists):
+        if self._rounds_run(finalists):
             return None  # the rounds measure every finalist over whole epochs
         ok = [c for c in self.candidates if c.search is not None and not c.failed]
         whole = [c for c in ok if c.epochs]
@@ -841,10 +847,9 @@ class Tuner:
         if self.by_epochs is None:
             self.by_epochs = False  # no candidate was measured whole: nor are the rounds
         self.round = 0
-        fits = self._rounds_fit(self.finalists)
-        rounds = len(self.finalists) >= 2 and self.at.rounds and fits
+        rounds = self._rounds_run(self.finalists)
         self.order = list(self.finalists) if rounds else []
-        if not fits:
+        if not rounds:
             self.round = self.at.rounds  # a round cut short pairs nothing: none starts
         if self.ranks.is_main and self.order:
             log.info(
