@@ -2,6 +2,7 @@
 
     python benchmarks/autotune_bench.py                          # synthetic, photos, stalls
     python benchmarks/autotune_bench.py --workloads synthetic --seconds 120 --rounds 2
+    python benchmarks/autotune_bench.py --skip-sweep --rounds 5 --contestants autotune tuned
 
 For each workload: the default loader sweep writes its preset (bench_<workload>); then, in
 alternating rounds, three runs of the same length (`--seconds` of training, by
@@ -130,6 +131,7 @@ def verdicts(rows: list[dict]) -> dict:
         for x in rows
         if x["name"] == "autotune" and x["ok"] and x["round"] in steady and x["tuning_s"]
     ]
+    ran_recipe = any(x["name"] == "recipe" for x in rows)
     return {
         "lost_s": lost,
         "medians": {n: median(n, "whole_run") for n in CONTESTANTS},
@@ -140,7 +142,10 @@ def verdicts(rows: list[dict]) -> dict:
         "tuning_s": tuning_s,
         "pass": {
             "cost": cost is not None and cost["ratio"] >= TUNING_COST,
-            "ahead_of_recipe": (
+            # None: the recipe was not among this run's contestants (--contestants)
+            "ahead_of_recipe": None
+            if not ran_recipe
+            else (
                 tuned_recipe is None
                 or tuned_recipe["verdict"] != stats.WIN
                 or (versus_recipe is not None and versus_recipe["verdict"] == stats.WIN)
@@ -173,16 +178,19 @@ def table(results: dict, seconds: float) -> str:
     ]
     for workload, res in results.items():
         v = res["verdicts"]
-        m = v["medians"]
 
         def text(key: str, v: dict = v) -> str:
             return v[key]["text"] if v[key] else "-"
 
-        ok = {k: "PASS" if p else "MISS" for k, p in v["pass"].items()}
+        ok = {k: "not run" if p is None else "PASS" if p else "MISS" for k, p in v["pass"].items()}
+
+        def median(name: str, m: dict = v["medians"]) -> str:
+            return f"{m[name]:,.1f}" if m.get(name) is not None else "-"
+
         tuning = ", ".join(f"{s:.0f}" for s in v["tuning_s"] if s is not None) or "-"
         lines.append(
-            f"| {workload} | {m['autotune'] or 0:,.1f} | {m['tuned'] or 0:,.1f} |"
-            f" {m['recipe'] or 0:,.1f} | {text('autotune_vs_tuned')} {ok['cost']} |"
+            f"| {workload} | {median('autotune')} | {median('tuned')} |"
+            f" {median('recipe')} | {text('autotune_vs_tuned')} {ok['cost']} |"
             f" {text('autotune_vs_recipe')} {ok['ahead_of_recipe']} | {text('tuned_vs_recipe')} |"
             f" {tuning} {ok['tuning_seconds']} | {text('choice_vs_tuned')} {ok['choice']} |"
             f" {projected(v.get('lost_s') or [], seconds)} |"
@@ -223,6 +231,14 @@ def main() -> int:
     parser.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS, choices=WORKLOADS)
     parser.add_argument("--seconds", type=float, default=300.0, help="training time of a run")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--contestants",
+        nargs="+",
+        default=list(CONTESTANTS),
+        choices=CONTESTANTS,
+        help="which runs each round holds (autotune and tuned at least: more rounds in the"
+        " same time where autotune / recipe is already settled)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--skip-sweep", action="store_true", help="reuse conf/loader/bench_*")
     parser.add_argument("--extra", nargs="*", default=[], help="overrides for every run")
@@ -231,6 +247,9 @@ def main() -> int:
         "--summarise", type=Path, default=None, metavar="OUT", help="only redo OUT's tables"
     )
     args = parser.parse_args()
+    if not {"autotune", "tuned"} <= set(args.contestants):
+        named = " ".join(args.contestants)
+        parser.error(f"--contestants {named}: autotune and tuned are both needed")
     if args.summarise:
         return summarise(args.summarise.resolve(), args)
     args.fresh, args.preset_name = False, None  # what loader_bench.run_sweep reads
@@ -244,7 +263,8 @@ def main() -> int:
         sweep_s = None if args.skip_sweep else run_sweep(workload, out, args)["total"]
         rows = []
         for r in range(args.rounds):
-            order = CONTESTANTS if r % 2 == 0 else CONTESTANTS[::-1]
+            chosen = [n for n in CONTESTANTS if n in args.contestants]
+            order = chosen if r % 2 == 0 else chosen[::-1]
             rows += [run_one(name, workload, r, out, args) for name in order]
         results[workload] = {"sweep_s": sweep_s, "rows": rows, "verdicts": verdicts(rows)}
         (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
