@@ -883,6 +883,68 @@ def test_the_search_ends_where_the_climbs_next_step_does_not_fit(compose, monkey
     assert tuner.elapsed() <= 60
 
 
+def test_the_thinner_step_is_measured_where_one_slow_settling_predicts_it_would_not_fit(
+    compose, monkeypatch, caplog
+):
+    """Reads that stall: the 32-worker seed took 23.9 s to settle and measure (9.9 and 13.2
+    in other runs). Its thinner step, predicted from it, would not fit the 20 s left; it is
+    the same loader, and is measured anyway (9 s here, 1,653-1,874 samples/s in the bench,
+    against 1,228 with 2 threads). Its deeper queue, also predicted not to fit, is not."""
+    monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)  # seeds 32, 8, 2
+    planned = _Planned(
+        compose, "trainer.autotune.budget_s=60", "trainer.autotune.window_s=2", "loader=recipe"
+    )
+    tuner = planned.tuner
+    tuner.start()
+
+    def seconds() -> float:
+        c = tuner.candidate
+        if c.workers == 32:
+            return 23.9 if c.params.get("loader.main_threads") != 1 else 9.0
+        return {4: 7.4, 8: 4.8, 2: 4.0}[c.workers]
+
+    def rate(workers: int) -> float:
+        thin = tuner.candidate.params.get("loader.main_threads") == 1  # the seeds run 2
+        return {4: 415.0, 8: 637.0, 2: 289.0}.get(workers, 1228.0 + (430 if thin else 0))
+
+    with caplog.at_level("INFO", logger="feedrate.autotune"):
+        planned.measure(rate, seconds())
+        while tuner.advance():
+            planned.measure(rate, seconds())
+    tried = [(c.workers, c.params.get("loader.main_threads")) for c in tuner.candidates]
+    assert tried[-1] == (32, 1), tried  # the thinner step, measured
+    assert tuner.chosen is tuner.candidates[-1]
+    assert "the climb's next step (num_workers=32, prefetch_factor=8" in caplog.text
+    assert tuner.elapsed() <= 60
+
+
+def test_the_phase_keeps_back_the_switch_it_saw_and_ends_within_its_budget(compose):
+    """Ending a candidate (its batches closed, its workers ended) takes time that the budget
+    check, made between steps, did not see: stalls tuned for 60.5 s of a 60 s budget, the
+    last 0.25 s after the cut in ending 32 workers. The longest switch seen is kept back."""
+    planned = _Planned(compose, "trainer.autotune.budget_s=60", "loader=recipe")
+    tuner = planned.tuner
+    tuner.start()
+    switch, step = 0.4, 0.05
+
+    def rate(workers: int) -> float:
+        return 100.0 * (workers + 1)
+
+    tuner.spent = 10.0
+    assert tuner.over(True)  # the first candidate's measurement is over
+    time.sleep(switch)
+    planned.measure(rate, 0.0)
+    assert tuner.advance()
+    tuner.spent = 60.0 - 1.0  # its next candidate trains until the budget cuts it
+    while not tuner.over(False):
+        tuner.spent += step
+    assert tuner.elapsed() < 60.0 - switch + step, "cut before the budget, by the switch"
+    time.sleep(switch)
+    planned.measure(rate, 0.0)
+    assert not tuner.advance()
+    assert tuner.elapsed() <= 60.0 + step
+
+
 def test_the_choice_is_the_fastest_or_a_cheaper_finalist_shown_within_the_margin():
     """The sweep's rule: a cheaper finalist merely not shown slower is not taken."""
     from feedrate.autotune import Candidate, decide

@@ -317,6 +317,11 @@ class Tuner:
         self._clock_start: float | None = None
         self._clock_end: float | None = None
         self._budget_cut = False  # the current measurement ended at the budget
+        # The switch after a measurement (its batches closed, its workers ended): the longest
+        # seen is kept back from the budget, so that the phase ends within it
+        self._ended_at: float | None = None
+        self._ending_s = 0.0
+        self._unpredicted: dict | None = None  # the climb's thinner step: not pruned by time
         self._shares: int | None = None
         self._study = None
         self._space_cfg = self._search_config()
@@ -342,6 +347,11 @@ class Tuner:
     @property
     def candidate(self) -> Candidate:
         return self.candidates[self.current]
+
+    def _left(self) -> float:
+        """Seconds of the budget left for measuring: the switch at the phase's end (the
+        longest seen, at most a tenth of the budget) is kept back."""
+        return self.budget - self.elapsed() - self._ending_s
 
     def elapsed(self) -> float:
         """Seconds of tuning so far (this process's and a checkpoint's before it)."""
@@ -429,8 +439,11 @@ class Tuner:
         """Rank 0's ``done`` (its meter's measurement is over, or the budget is spent), on
         every rank."""
         if self.ranks.is_main and not done and self.phase in ("search", "final"):
-            done = self._budget_cut = self.elapsed() >= self.budget
-        return distributed.flag(done, self.ranks)
+            done = self._budget_cut = self._left() <= 0
+        done = distributed.flag(done, self.ranks)
+        if done and self.ranks.is_main and self.phase in ("search", "final"):
+            self._ended_at = time.perf_counter()
+        return done
 
     def measured(self, finished: dict, monitor: Any, steps: int, seconds: float) -> None:
         """The current candidate's measurement (a meter's ``finish()``) is over."""
@@ -511,6 +524,10 @@ class Tuner:
         """Choose the next candidate (rank 0; the others receive it). False: the phase is
         over and ``chosen`` trains from now on."""
         if self.ranks.is_main:
+            if self._ended_at is not None:  # what the switch took, up to here
+                ending = time.perf_counter() - self._ended_at
+                self._ending_s = min(max(self._ending_s, ending), self.budget / 10)
+                self._ended_at = None
             nxt = self._next()
             if nxt is None:
                 self._finish()
@@ -568,7 +585,7 @@ class Tuner:
         self.chosen, self.reason, self.current = None, "", 0
         self.confirming = self.confirmed = None
         self.by_epochs = None
-        self._study = None
+        self._study, self._unpredicted = None, None
         self.spent, self._clock_start, self._clock_end = 0.0, time.perf_counter(), None
         if self.ranks.is_main:
             log.warning(
@@ -592,7 +609,7 @@ class Tuner:
     # -- the plan ------------------------------------------------------------------------
 
     def _next(self) -> int | None:
-        left = self.budget - self.elapsed()
+        left = self._left()
         if self.phase == "confirm":
             c = self.candidate
             figure = self.confirming["samples_per_sec"]
@@ -665,7 +682,13 @@ class Tuner:
         seconds (a wide loader's start-up grows with its workers): the search ends there,
         since a suggestion of its own then mostly trains slower settings in the budget's last
         seconds (reads that stall: with 32 x 8 not fitting in 15 s, Optuna's 2 x 8 trained
-        5.1 s at 199 samples/s against the 1,656 of the fastest)."""
+        5.1 s at 199 samples/s against the 1,656 of the fastest). The thinner step is the
+        exception, where a warm-up window and a measured one are left: it is the fastest's
+        own loader, whose start-up was paid once already, and what predicts its time is that
+        one measurement, which a slow settling can stretch (stalls: 32 x 2 took 23.9 s in one
+        run, 9.9 and 13.2 in others, so 1 thread, 1,653-1,874 samples/s there against 1,228
+        with 2, went untried with 17 s left). Cut short, it trains at about the fastest's rate
+        and the choice stays the fastest measured."""
         from feedrate.sweep.space import next_rung
 
         measured = [c for c in self.candidates if c.search is not None and not c.failed]
@@ -699,7 +722,9 @@ class Tuner:
         if self._tried(params, tried):
             return False
         need = self._predicted_seconds(params)
-        if need > left:  # (rank 0 plans: no other logs this)
+        if need > left and params is thinner and left >= 2 * self.at.window_s:
+            self._unpredicted = params  # measured though it may be cut
+        elif need > left:
             log.info(
                 "loader=autotune: the climb's next step (%s) would take about %.0f s, more"
                 " than the %.0f s left: the search ends there",
@@ -755,7 +780,8 @@ class Tuner:
             loader_search_space(self._space_cfg, trial)
             params = {k: v for k, v in trial.params.items()}
             twin = next((c for c in self.candidates if self._same(c.params, params)), None)
-            if twin is None and self._predicted_seconds(params) > left:
+            timed = self._unpredicted is None or not self._same(params, self._unpredicted)
+            if twin is None and timed and self._predicted_seconds(params) > left:
                 study.tell(trial, state=TrialState.PRUNED)  # its start-up would not fit
                 continue
             if twin is None:
@@ -794,7 +820,7 @@ class Tuner:
         """Final rounds are asked for, there are two finalists to pair, and a round fits."""
         if len(finalists) < 2 or not self.at.rounds:
             return False
-        return self.budget - self.elapsed() >= self._round_seconds(finalists)
+        return self._left() >= self._round_seconds(finalists)
 
     def _measure_again(self, left: float) -> int | None:
         """Figures over whole epochs and in windows do not compare: a window leaves the
@@ -868,8 +894,7 @@ class Tuner:
                 return None
             # alternate, and reverse every other round, so drift hits everyone alike
             self.order = list(self.finalists if self.round % 2 == 0 else self.finalists[::-1])
-            left = self.budget - self.elapsed()
-            if left < self._round_seconds(self.order):
+            if self._left() < self._round_seconds(self.order):
                 return None  # a round cut short pairs nothing
         self.current = self.order.pop(0)
         return self.current
