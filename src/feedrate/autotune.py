@@ -526,12 +526,11 @@ class Tuner:
 
     def _note_noise(self, c: Candidate, reasons: list[str]) -> None:
         """Its search figure was just taken: flag it if other processes kept the cores busy
-        meanwhile; a second figure, taken because the first was so flagged, settles it (the
-        better of two noisy ones: noise only slows a run)."""
+        meanwhile. A second figure, taken because the first was so flagged, stands, flagged
+        again if it is noisy too (the sweep's rule, ``sweep.trial.run_trial``)."""
         if c.noisy_figure is None:
             c.noisy = "; ".join(reasons)
         elif reasons:
-            c.search = max(c.search, c.noisy_figure)
             c.noisy = f"noisy twice: {'; '.join(reasons)}"
         else:
             c.noisy = f"measured again: the first figure ({c.noisy_figure:,.1f}) was noisy"
@@ -872,7 +871,7 @@ class Tuner:
                 f"{c.search:,.1f}",
                 c.noisy,
             )
-            c.noisy_figure, c.search, c.epochs = c.search, None, False
+            c.noisy_figure, c.search = c.search, None  # its way (epochs) is the new one's
             self.current = self.candidates.index(c)
             return self.current
         return None
