@@ -968,6 +968,35 @@ def test_a_seed_measured_while_other_processes_ran_is_measured_again_if_below_th
         assert first.search >= noisy_read
 
 
+def test_a_noisy_figure_measured_again_and_cut_by_the_budget_stands(compose, monkeypatch):
+    """The second measurement of a noisy figure is cut before its window: the first figure
+    stands, flagged, and the candidate is not dropped as if it had never been measured."""
+    monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)  # seeds 32, 8, 2
+    planned = _Planned(
+        compose, "trainer.autotune.budget_s=120", "trainer.autotune.window_s=2", "loader=recipe"
+    )
+    tuner = planned.tuner
+    tuner.start()
+    seen: list[int] = []
+
+    def rate(workers: int) -> float | None:
+        if tuner.current == 1:
+            return 390.0 if seen.count(1) == 0 else None  # noisy, then cut
+        return {4: 383.0, 8: 686.0, 2: 293.0}.get(workers, 1300.0)
+
+    while True:
+        again = tuner.current == 1 and 1 in seen
+        tuner._budget_cut = again  # the budget ran out in its warm-up
+        planned.measure(rate, 6.0, other_cpu=0.3 if tuner.current == 1 else None)
+        seen.append(tuner.current)
+        if again or not tuner.advance():
+            break
+    first = tuner.candidates[1]
+    assert seen == [0, 1, 2, 3, 1]
+    assert first.search == 390.0 and not first.failed
+    assert "other processes kept 30%" in first.noisy
+
+
 def test_the_phase_keeps_back_the_switch_it_saw_and_ends_within_its_budget(compose):
     """Ending a candidate (its batches closed, its workers ended) takes time that the budget
     check, made between steps, did not see: stalls tuned for 60.5 s of a 60 s budget, the
