@@ -434,6 +434,12 @@ class _Planned:
         monitor = SimpleNamespace(other_cpu_frac=other_cpu)
         self.tuner.measured({"times": times, "abandoned": None}, monitor, 10, seconds)
 
+    def until_done(self, rate_of, seconds) -> None:
+        """Every candidate measured, ``seconds()`` of the budget each, to the phase's end."""
+        self.measure(rate_of, seconds())
+        while self.tuner.advance():
+            self.measure(rate_of, seconds())
+
     def workers_tried(self, rate_of, count: int, seconds: float = 2.0) -> list[int]:
         self.tuner.start()
         for _ in range(count):
@@ -879,9 +885,7 @@ def test_the_search_ends_where_the_climbs_next_step_does_not_fit(compose, monkey
         return {4: 428.0, 8: 760.0, 2: 300.0}.get(workers, 1431.0 + (225 if thin else 0))
 
     with caplog.at_level("INFO", logger="feedrate.autotune"):
-        planned.measure(rate, seconds())
-        while tuner.advance():
-            planned.measure(rate, seconds())
+        planned.until_done(rate, seconds)
     assert [c.workers for c in tuner.candidates] == [4, 32, 8, 2, 32]  # the last thinner
     assert "the climb's next step (num_workers=32, prefetch_factor=8" in caplog.text
     assert tuner.elapsed() <= 60
@@ -912,9 +916,7 @@ def test_the_thinner_step_is_measured_where_one_slow_settling_predicts_it_would_
         return {4: 415.0, 8: 637.0, 2: 289.0}.get(workers, 1228.0 + (430 if thin else 0))
 
     with caplog.at_level("INFO", logger="feedrate.autotune"):
-        planned.measure(rate, seconds())
-        while tuner.advance():
-            planned.measure(rate, seconds())
+        planned.until_done(rate, seconds)
     tried = [(c.workers, c.params.get("loader.main_threads")) for c in tuner.candidates]
     assert tried[-1] == (32, 1), tried  # the thinner step, measured
     assert tuner.chosen is tuner.candidates[-1]
