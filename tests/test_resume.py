@@ -12,8 +12,11 @@ import time
 import psutil
 import pytest
 import torch
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from .conftest import ROOT, run_cli, shrink
+import feedrate
+
+from .conftest import CONF, ROOT, run_cli, shrink
 
 # 60 steps of ~30 ms (16 samples x 4 ms simulated I/O over 2 workers): slow enough to stop
 # half-way, with a checkpoint every 5 steps. Samples are the same for the same index, so the
@@ -187,8 +190,8 @@ def test_ctrl_c_while_spawn_workers_start_stops_like_any_ctrl_c(tmp_path):
         if _spawned_workers(pid) < 2:
             return False
         # Both workers are started, and import torch for a second or more before any code of
-        # ours runs in them. (A Ctrl-C while the main process starts them is dropped: see
-        # feedrate.loader._Loader.)
+        # ours runs in them. (A Ctrl-C while the main process starts spawn workers is dropped:
+        # see feedrate.loader._Loader.)
         time.sleep(0.3)
         return True
 
@@ -204,3 +207,22 @@ def test_ctrl_c_while_spawn_workers_start_stops_like_any_ctrl_c(tmp_path):
     assert "KeyboardInterrupt" not in out and "Traceback" not in out, out[-3000:]
     time.sleep(0.5)
     assert not _session_processes(sid), "workers outlived the run"
+
+
+def test_a_ctrl_c_while_forked_workers_start_is_held_then_stops_the_run(tmp_path, monkeypatch):
+    """A Ctrl-C that comes while the main process forks its workers is handed on once they
+    have started: the run stops after its first step, saved, as after any first Ctrl-C."""
+    start = _MultiProcessingDataLoaderIter.__init__
+    sent = []
+
+    def starting(self, loader):
+        if not sent:  # the first loader's start, before its first worker is forked
+            sent.append(signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        start(self, loader)
+
+    monkeypatch.setattr(_MultiProcessingDataLoaderIter, "__init__", starting)
+    cfg = feedrate.compose(shrink([*RUN, "loader.multiprocessing_context=fork"]), config_dir=CONF)
+    with pytest.raises(feedrate.errors.Interrupted, match=r"interrupted \(Ctrl-C\) at step 1 of"):
+        feedrate.run(cfg, output_dir=tmp_path)
+    assert sent and _state(tmp_path)["step"] == 1

@@ -7,6 +7,7 @@ import errno
 import functools
 import itertools
 import logging
+import multiprocessing
 import multiprocessing.queues
 import multiprocessing.util
 import os
@@ -187,9 +188,12 @@ def build_loader(
 
 
 class _Loader(DataLoader):
-    """A DataLoader whose workers are born deaf to Ctrl-C: SIGINT is ignored while it starts
-    them, so a ``spawn`` worker still importing torch is not killed by a terminal's Ctrl-C
-    (docs/troubleshooting.md, "Ctrl-C and the workers")."""
+    """A DataLoader whose workers are born deaf to Ctrl-C, so that a terminal's Ctrl-C, which
+    reaches them too, does not kill one that is starting (docs/troubleshooting.md, "Ctrl-C
+    and the workers"). A ``spawn`` or ``forkserver`` worker must be born ignoring SIGINT, as
+    it imports torch for seconds before any code of ours runs in it: SIGINT is ignored while
+    they start, and a Ctrl-C then is dropped. A forked worker runs our init function (which
+    ignores it) at once: while they start, a Ctrl-C is held and handed on afterwards."""
 
     _latest: weakref.ref | None = None  # the latest iteration, while it lives
 
@@ -202,11 +206,23 @@ class _Loader(DataLoader):
             or signal.getsignal(signal.SIGINT) is None  # a handler Python cannot put back
         ):
             return self._remember(super().__iter__())
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        held: list[int] = []
+        forked = self._start_method() == "fork"
+        previous = signal.signal(
+            signal.SIGINT, (lambda signum, frame: held.append(signum)) if forked else signal.SIG_IGN
+        )
         try:
             return self._remember(super().__iter__())
         finally:
             signal.signal(signal.SIGINT, previous)
+            if held:
+                signal.raise_signal(signal.SIGINT)  # to the handler it was meant for
+
+    def _start_method(self) -> str:
+        context = self.multiprocessing_context
+        if context is None:
+            return multiprocessing.get_start_method(allow_none=False)
+        return context.get_start_method()
 
     def _remember(self, iterator):
         self._latest = weakref.ref(iterator)
