@@ -237,9 +237,10 @@ def test_a_candidate_that_fails_is_dropped_and_the_run_goes_on(
     cfg = feedrate.compose([*overrides, *fault], config_dir=CONF)
     with caplog.at_level(logging.WARNING, logger="feedrate"):
         metrics = feedrate.run(cfg, output_dir=tmp_path / "run")
-    failed = [c for c in metrics["autotune"]["candidates"] if c["failed"]]
+    # failed for the fault; others may fail otherwise (cut by the run's end, abandoned)
+    failed = [c for c in metrics["autotune"]["candidates"] if reason in (c["failed"] or "")]
     assert failed and {c["params"]["loader.num_workers"] for c in failed} == {8}
-    assert reason in failed[0]["failed"] and failed[0]["search"] is None
+    assert all(c["search"] is None for c in failed)
     assert "loader=autotune: trial" in caplog.text and "failed: RuntimeError" in caplog.text
     assert metrics["autotune"]["chosen"]["params"]["loader.num_workers"] != 8
     candidates = metrics["autotune"]["candidates"]

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -18,6 +19,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 import feedrate
+import feedrate.loader
 from feedrate.dataset import ensure_photos
 from feedrate.errors import SampleError
 from feedrate.faults import (
@@ -305,6 +307,60 @@ def test_hung_worker_is_stopped_by_the_timeout(compose, tmp_path):
             output_dir=tmp_path,
         )
     assert time.monotonic() - t0 < 60
+
+
+class DiesAtOnce(Exploding):
+    """A worker exits on its first sample (as one the OOM killer ends as it starts)."""
+
+    def __getitem__(self, i):
+        if get_worker_info() is not None:
+            os._exit(1)
+        return super().__getitem__(i)
+
+
+class SlowOrder(torch.utils.data.Sampler):
+    """An order slow to draw: the loader's start, which draws its first batches, takes a while."""
+
+    def __iter__(self):
+        for i in range(8):
+            yield i
+            time.sleep(0.3)
+
+    def __len__(self):
+        return 8
+
+
+def _two_workers(dataset, **kwargs) -> feedrate.loader._Loader:
+    return feedrate.loader._Loader(
+        dataset, batch_size=1, num_workers=2, multiprocessing_context="fork", **kwargs
+    )
+
+
+def test_a_worker_dead_while_they_start_is_named_once_they_have():
+    """PyTorch raises "exited unexpectedly" wherever the main thread is: inside its start of
+    the workers, it left that half made (a lock taken stays taken, and the end of the
+    workers waits for it forever). Raised once they have started, the failure can end them."""
+    loader = _two_workers(DiesAtOnce(), sampler=SlowOrder())
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        iter(loader)  # the first worker died while the loader drew its next batches
+    assert 1 in loader.end_workers(kill=True), "the iteration was made: its workers end"
+
+
+def test_a_failed_loaders_workers_are_killed_though_a_lock_they_share_is_left_taken():
+    """A worker killed as it checked its iteration's done event leaves that event's lock
+    taken; PyTorch's end of the iteration sets the event first and would wait forever."""
+    loader = _two_workers(Exploding())
+    batches = iter(loader)
+    next(batches)
+    lock = batches._workers_done_event._cond  # as a worker killed holding it leaves it
+    lock.acquire()
+    ended: list[list[int]] = []
+    end = threading.Thread(target=lambda: ended.append(loader.end_workers(kill=True)))
+    end.daemon = True
+    end.start()
+    end.join(timeout=60)
+    lock.release()
+    assert ended == [[-signal.SIGKILL] * 2], "it waited on the lock"
 
 
 def test_cli_names_the_sample_and_exits_2_without_a_traceback(tmp_path):

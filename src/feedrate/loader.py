@@ -29,6 +29,7 @@ from torch.utils.data import (
     SequentialSampler,
     get_worker_info,
 )
+from torch.utils.data._utils import signal_handling as torch_signals
 from torch.utils.data._utils.collate import default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -196,6 +197,7 @@ class _Loader(DataLoader):
     ignores it) at once: while they start, a Ctrl-C is held and handed on afterwards."""
 
     _latest: weakref.ref | None = None  # the latest iteration, while it lives
+    _failed = None  # one whose start failed, until its workers end
 
     def __iter__(self):
         restarting = self.persistent_workers and self._iterator is not None
@@ -208,15 +210,24 @@ class _Loader(DataLoader):
             return self._remember(super().__iter__())
         held: list[int] = []
         forked = self._start_method() == "fork"
+        _QuietWhileStarting.install()
         previous = signal.signal(
             signal.SIGINT, (lambda signum, frame: held.append(signum)) if forked else signal.SIG_IGN
         )
         try:
-            return self._remember(super().__iter__())
+            _QuietWhileStarting.starting = True
+            iterator = self._remember(super().__iter__())
         finally:
             signal.signal(signal.SIGINT, previous)
+            _QuietWhileStarting.starting = False
             if held:
                 signal.raise_signal(signal.SIGINT)  # to the handler it was meant for
+        try:
+            torch_signals._error_if_any_worker_fails()  # one that died as they started
+        except RuntimeError:
+            self._failed = iterator  # held for end_workers, which names how they ended
+            raise
+        return iterator
 
     def _start_method(self) -> str:
         context = self.multiprocessing_context
@@ -232,23 +243,85 @@ class _Loader(DataLoader):
         """Stop the latest iteration's workers and return the exit codes of those that ended
         (how a worker died can name the cause). PyTorch's SIGCHLD handler is silenced meanwhile:
         a dead worker would otherwise raise "exited unexpectedly" inside the
-        failure's handling. ``kill``: the iteration failed, its workers are ended at once (a
-        stuck one would hold up PyTorch's shutdown for its join timeout, each in turn)."""
+        failure's handling. ``kill``: the iteration failed, its workers are killed at once
+        (``_kill_workers``)."""
         iterator = self._latest() if self._latest is not None else None
+        self._failed = None
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is None:
             return []
         in_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL) if in_main else None
         try:
-            for worker in getattr(iterator, "_workers", []) if kill else []:
-                if worker.is_alive():
-                    worker.terminate()
-            shutdown()  # joins each worker (PyTorch's own end of an iteration)
+            if kill:
+                _kill_workers(iterator)
+            else:
+                shutdown()  # joins each worker (PyTorch's own end of an iteration)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGCHLD, previous)
         return [w.exitcode for w in iterator._workers if w.exitcode is not None]
+
+
+class _QuietWhileStarting:
+    """PyTorch's SIGCHLD handler, quiet while a loader starts its workers.
+
+    PyTorch raises "exited unexpectedly" in the main thread, wherever that is, at the SIGCHLD
+    of a dead worker. One that dies as they start (the OOM killer, a candidate of
+    ``loader=autotune`` that cannot run) raised it inside PyTorch's start of the iteration,
+    which was left half made: where the raise came as a lock was taken, that lock stayed
+    taken and the end of the workers waited for it forever. ``_Loader.__iter__`` asks
+    PyTorch's check once they have started instead."""
+
+    starting = False
+
+    def __init__(self, handler) -> None:
+        self.handler = handler
+
+    def __call__(self, signum, frame) -> None:
+        if not _QuietWhileStarting.starting:
+            self.handler(signum, frame)
+
+    @staticmethod
+    def install() -> None:
+        """PyTorch's handler (it installs it once a process, with the first workers), wrapped."""
+        torch_signals._set_SIGCHLD_handler()
+        current = signal.getsignal(signal.SIGCHLD)
+        if getattr(current, "__module__", None) == torch_signals.__name__:
+            signal.signal(signal.SIGCHLD, _QuietWhileStarting(current))
+
+
+def _kill_workers(iterator) -> None:
+    """End a failed iteration's workers at once, and its queues, without PyTorch's shutdown.
+
+    That shutdown first sets the iteration's done event, whose lock the workers share: one
+    killed while it checked the event holds that lock forever, and the main process then
+    waits for it with no timeout (PyTorch's own note: "hanging in ``Event.set()``"; a failing
+    candidate of ``loader=autotune`` hung so). Nothing here takes a lock a worker may hold,
+    and no stuck worker holds the end up for PyTorch's join timeout, each in turn."""
+    if iterator._shutdown:
+        return
+    iterator._shutdown = True  # its own shutdown, at its end or in __del__, is not run
+    wait = torch.utils.data._utils.MP_STATUS_CHECK_INTERVAL
+    try:
+        if hasattr(iterator, "_pin_memory_thread"):  # first, as PyTorch does: a killed
+            iterator._pin_memory_thread_done_event.set()  # worker may leave half a batch
+            iterator._worker_result_queue.put((None, None))  # where it reads: wake it
+            iterator._pin_memory_thread.join(timeout=2 * wait)  # it polls its event so often
+    finally:
+        if iterator._worker_pids_set:  # first: PyTorch's SIGCHLD handler is not to see the kill
+            torch_signals._remove_worker_pids(id(iterator))
+            iterator._worker_pids_set = False
+        for worker in iterator._workers:
+            if worker.is_alive():
+                worker.kill()
+        for worker in iterator._workers:
+            worker.join(timeout=wait)
+        for queue in (*iterator._index_queues, iterator._worker_result_queue):
+            queue.cancel_join_thread()  # its feeder thread may wait on a dead worker's lock
+            if queue._notempty.acquire(timeout=wait):  # not left taken by a raise from PyTorch's
+                queue._notempty.release()  # SIGCHLD handler (its own end would wait forever)
+                queue.close()
 
 
 class _StatefulLoader(_Loader, StatefulDataLoader):

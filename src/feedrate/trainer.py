@@ -247,15 +247,12 @@ def _epoch_batches(
         loader.dataset.set_epoch(where.epoch)
     where.generator = shuffling.get_state() if shuffling is not None else None
     per_batch = getattr(loader, "batch_size", None) or 0
-    batches = iter(loader)
+    with _killed_if_failed(loader, candidate):
+        batches = iter(loader)  # a worker that died while they started is named here
     while True:
         meter.step_started()
-        try:
+        with _killed_if_failed(loader, candidate):
             batch = next(batches, _END)
-        except Exception:
-            if candidate:
-                loader.end_workers(kill=True)
-            raise
         if batch is _END:
             return
         where.batches += 1
@@ -312,6 +309,17 @@ def _uneven_inputs(model: nn.Module, streaming: bool) -> contextlib.AbstractCont
     if streaming and isinstance(model, nn.parallel.DistributedDataParallel):
         return model.join()
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _killed_if_failed(loader: DataLoader, candidate: bool) -> Iterator[None]:
+    """A candidate's loader that failed has its workers killed at once (``end_workers``)."""
+    try:
+        yield
+    except Exception:
+        if candidate:
+            loader.end_workers(kill=True)
+        raise
 
 
 class _CandidateFailed(Exception):
