@@ -1003,7 +1003,8 @@ def test_a_noisy_figure_measured_again_and_cut_by_the_budget_stands(compose, mon
 def test_the_phase_keeps_back_the_switch_it_saw_and_ends_within_its_budget(compose):
     """Ending a candidate (its batches closed, its workers ended) takes time that the budget
     check, made between steps, did not see: stalls tuned for 60.5 s of a 60 s budget, the
-    last 0.25 s after the cut in ending 32 workers. The longest switch seen is kept back."""
+    last 0.25 s after the cut in ending 32 workers. The longest switch seen is kept back,
+    twice over: a switch varies with the load (stalls: 0.7 s after 0.47 s, 60.2 s of 60)."""
     planned = _Planned(compose, "trainer.autotune.budget_s=60", "loader=recipe")
     tuner = planned.tuner
     tuner.start()
@@ -1017,11 +1018,11 @@ def test_the_phase_keeps_back_the_switch_it_saw_and_ends_within_its_budget(compo
     time.sleep(switch)
     planned.measure(rate, 0.0)
     assert tuner.advance()
-    tuner.spent = 60.0 - 1.0  # its next candidate trains until the budget cuts it
+    tuner.spent = 60.0 - 2.0  # its next candidate trains until the budget cuts it
     while not tuner.over(False):
         tuner.spent += step
-    assert tuner.elapsed() < 60.0 - switch + step, "cut before the budget, by the switch"
-    time.sleep(switch)
+    assert tuner.elapsed() < 60.0 - 2 * switch + step, "cut before the budget, by the switch"
+    time.sleep(1.5 * switch)  # the last one slower
     planned.measure(rate, 0.0)
     assert not tuner.advance()
     assert tuner.elapsed() <= 60.0 + step
