@@ -450,19 +450,23 @@ class _Planned:
         return [c.workers for c in self.tuner.candidates]
 
 
-def test_the_search_thins_the_fastest_seeds_threads_deepens_it_then_climbs(compose, monkeypatch):
-    """Reads that stall scale past the top seed: the fastest seed is tried once with half the
-    main process's threads (its workers are at least the cores), once with a deeper queue (at
-    the threads that won), then twice its workers (at the depth and threads that won), and so
-    on up to the search's bound (64 on 2 cores); data that peaks early is not climbed, only
-    thinned and deepened."""
+def test_the_wide_seeds_run_half_the_threads_the_fastest_is_deepened_given_them_back_then_climbed(
+    compose, monkeypatch
+):
+    """Reads that stall scale past the top seed, and a main process with a thread a core
+    competes with the workers once they fill the cores: the seeds (all at least the cores
+    wide) run half PyTorch's main threads. The fastest is then tried once with a deeper
+    queue, once with PyTorch's threads back (at the depth that won), then with twice its
+    workers (at the depth and threads that won), and so on up to the search's bound (64 on 2
+    cores); data that peaks early is not climbed, only deepened and given the threads back."""
     from feedrate.sweep.space import default_threads
 
     monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)  # seeds 2, 8, 32
     seeds = [2, 8, 32]
     in_order = seeds[::-1]  # the most workers first
-    main = default_threads()["loader.main_threads"]  # PyTorch's: the seeds'
-    thin = max(1, main // 2)
+    main = default_threads()["loader.main_threads"]  # PyTorch's
+    thin = max(1, main // 2)  # the seeds'
+    steps = 2 + (main > 1)  # the threads given back: only where the seeds have fewer
     budget = ["trainer.autotune.budget_s=600", "trainer.autotune.max_workers=64"]
     shallow = ["loader.num_workers=0", "loader.prefetch_factor=null"]
 
@@ -472,42 +476,45 @@ def test_the_search_thins_the_fastest_seeds_threads_deepens_it_then_climbs(compo
             for c in planned.tuner.candidates
         ][1:]  # after the run's own loader
 
-    def thinned(workers: int) -> list[tuple]:
-        return [(workers, 2, thin)] if main > 1 else []  # one thread: none to halve
+    def given_back(workers: int, depth: int) -> list[tuple]:
+        return [(workers, depth, main)] if main > 1 else []
 
+    def planned(thinner: float, deeper: float) -> _Planned:
+        out = _Planned(compose, *shallow, *budget)
+
+        def rates(workers: int) -> float:
+            params = out.tuner.candidate.params
+            deep = deeper if params.get("loader.prefetch_factor") == 8 else 1
+            fewer = thinner if params.get("loader.main_threads") == thin < main else 1
+            return 100.0 * (1 + workers) * deep * fewer
+
+        out.workers_tried(rates, 1 + len(seeds) + 4)
+        return out
+
+    seeded = [(w, 2, thin) for w in in_order]
     # the deeper queue and fewer threads win: the climb keeps both
-    deep = _Planned(compose, *shallow, *budget)
-
-    def rates(workers: int) -> float:
-        params = deep.tuner.candidate.params
-        deeper = 2 if params.get("loader.prefetch_factor") == 8 else 1
-        thinner = 1.5 if params.get("loader.main_threads") == thin < main else 1
-        return 100.0 * (1 + workers) * deeper * thinner
-
-    deep.workers_tried(rates, 1 + len(seeds) + 4)
-    assert tried(deep)[: len(seeds) + 2 + (main > 1)] == [
-        *[(w, 2, main) for w in in_order],
-        *thinned(seeds[-1]),
+    assert tried(planned(thinner=1.5, deeper=2))[: len(seeds) + steps] == [
+        *seeded,
         (seeds[-1], 8, thin),
+        *given_back(seeds[-1], 8),
         (64, 8, thin),
     ]
-    # neither wins: the climb goes on from the seed, and deepens and thins nothing more
-    flat = _Planned(compose, *shallow, *budget)
-    flat.workers_tried(lambda w: 100.0 * (1 + w), 1 + len(seeds) + 4)
-    assert tried(flat)[: len(seeds) + 2 + (main > 1)] == [
-        *[(w, 2, main) for w in in_order],
-        *thinned(seeds[-1]),
-        (seeds[-1], 8, main),
-        (64, 2, main),
+    # a model heavy on the CPU: the threads given back win, and the climb keeps them
+    heavy = tried(planned(thinner=0.5, deeper=1))[: len(seeds) + steps]
+    assert heavy == [*seeded, (seeds[-1], 8, thin), *given_back(seeds[-1], 2), (64, 2, main)]
+    # neither wins: the climb goes on from the seed
+    assert tried(planned(thinner=1, deeper=1))[: len(seeds) + steps] == [
+        *seeded,
+        (seeds[-1], 8, thin),
+        *given_back(seeds[-1], 2),
+        (64, 2, thin),
     ]
     peaked = _Planned(compose, *shallow, *budget)
-    workers = peaked.workers_tried(
-        lambda w: 1000.0 - abs(w - seeds[0]), 1 + len(seeds) + 1 + (main > 1) + 1
-    )
-    assert tried(peaked)[: len(seeds) + 1 + (main > 1)] == [
-        *[(w, 2, main) for w in in_order],
-        *thinned(seeds[0]),
-        (seeds[0], 8, main),
+    workers = peaked.workers_tried(lambda w: 1000.0 - abs(w - seeds[0]), 1 + len(seeds) + steps)
+    assert tried(peaked)[: len(seeds) + steps - 1] == [
+        *seeded,
+        (seeds[0], 8, thin),
+        *given_back(seeds[0], 2),
     ]
     assert workers[-1] not in (seeds[0], 2 * seeds[-1])  # then Optuna's suggestion
     # from the run's own loader, whose thread counts are unset (not values the search takes)
@@ -863,10 +870,13 @@ def test_a_wider_loader_is_tried_only_when_it_would_start_in_time(
 
 def test_the_search_ends_where_the_climbs_next_step_does_not_fit(compose, monkeypatch, caplog):
     """Reads that stall: the 32-worker seed took 19.4 s to start and measure; after the
-    seeds and the thinner step, 16 s are left, and its deeper queue would take 19. The search
-    ends there: no suggestion of Optuna's trains slower settings in the last seconds (2 x 8
-    did, 5.1 s at 199 samples/s against the 1,656 of the fastest)."""
+    seeds and the deeper queue, 16 s are left, and the fastest with PyTorch's threads back
+    would take 19. The search ends there: no suggestion of Optuna's trains slower settings in
+    the last seconds (2 x 8 did, 5.1 s at 199 samples/s against the 1,656 of the fastest)."""
+    from feedrate.sweep.space import default_threads
+
     monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)  # seeds 32, 8, 2
+    main = default_threads()["loader.main_threads"]
     planned = _Planned(
         compose, "trainer.autotune.budget_s=60", "trainer.autotune.window_s=2", "loader=recipe"
     )
@@ -882,47 +892,45 @@ def test_the_search_ends_where_the_climbs_next_step_does_not_fit(compose, monkey
         return {4: 4.9, 8: 3.9, 2: 4.4}.get(c.workers, 4.0)
 
     def rate(workers: int) -> float:
-        thin = tuner.candidate.params.get("loader.main_threads") == 1  # the seeds run 2
-        return {4: 428.0, 8: 760.0, 2: 300.0}.get(workers, 1431.0 + (225 if thin else 0))
+        deep = tuner.candidate.params.get("loader.prefetch_factor") == 8
+        return {4: 428.0, 8: 760.0, 2: 300.0}.get(workers, 1431.0 + (225 if deep else 0))
 
     with caplog.at_level("INFO", logger="feedrate.autotune"):
         planned.until_done(rate, seconds)
-    assert [c.workers for c in tuner.candidates] == [4, 32, 8, 2, 32]  # the last thinner
-    assert "the climb's next step (num_workers=32, prefetch_factor=8" in caplog.text
+    tried = [(c.workers, c.params.get("loader.prefetch_factor")) for c in tuner.candidates]
+    assert tried == [(4, 2), (32, 2), (8, 2), (2, 2), (32, 8)]  # the last deepened
+    step = "num_workers=32, prefetch_factor=8, multiprocessing_context=fork"
+    if main > 1:  # the threads given back
+        assert f"the climb's next step ({step}, main_threads={main})" in caplog.text
+    else:  # none to give back: twice the workers
+        assert "the climb's next step (num_workers=64, prefetch_factor=8" in caplog.text
     assert tuner.elapsed() <= 60
 
 
-def test_the_thinner_step_is_measured_where_one_slow_settling_predicts_it_would_not_fit(
-    compose, monkeypatch, caplog
+def test_seeds_narrower_than_the_cores_and_a_main_process_of_one_thread_keep_pytorchs(
+    compose, monkeypatch
 ):
-    """Reads that stall: the 32-worker seed took 23.9 s to settle and measure (9.9 and 13.2
-    in other runs). Its thinner step, predicted from it, would not fit the 20 s left; it is
-    the same loader, and is measured anyway (9 s here, 1,653-1,874 samples/s in the bench,
-    against 1,228 with 2 threads). Its deeper queue, also predicted not to fit, is not."""
+    """Half the main process's threads only where the workers are at least a rank's cores
+    (on 8 cores with at most 4 workers the seed keeps PyTorch's), and where there are two to
+    halve: one thread stays one, and the climb has none to give back."""
+    from feedrate.sweep.space import default_threads
+
+    main = default_threads()["loader.main_threads"]
+    monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 8.0)
+    narrow = _Planned(compose, "trainer.autotune.budget_s=600", "trainer.autotune.max_workers=4")
+    narrow.workers_tried(lambda w: 100.0 * (1 + w), 2)
+    seed = narrow.tuner.candidates[1]
+    assert (seed.workers, seed.params["loader.main_threads"]) == (4, main)
+
     monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)  # seeds 32, 8, 2
-    planned = _Planned(
-        compose, "trainer.autotune.budget_s=60", "trainer.autotune.window_s=2", "loader=recipe"
-    )
-    tuner = planned.tuner
-    tuner.start()
-
-    def seconds() -> float:
-        c = tuner.candidate
-        if c.workers == 32:
-            return 23.9 if c.params.get("loader.main_threads") != 1 else 9.0
-        return {4: 7.4, 8: 4.8, 2: 4.0}[c.workers]
-
-    def rate(workers: int) -> float:
-        thin = tuner.candidate.params.get("loader.main_threads") == 1  # the seeds run 2
-        return {4: 415.0, 8: 637.0, 2: 289.0}.get(workers, 1228.0 + (430 if thin else 0))
-
-    with caplog.at_level("INFO", logger="feedrate.autotune"):
-        planned.until_done(rate, seconds)
-    tried = [(c.workers, c.params.get("loader.main_threads")) for c in tuner.candidates]
-    assert tried[-1] == (32, 1), tried  # the thinner step, measured
-    assert tuner.chosen is tuner.candidates[-1]
-    assert "the climb's next step (num_workers=32, prefetch_factor=8" in caplog.text
-    assert tuner.elapsed() <= 60
+    monkeypatch.setattr("torch.get_num_threads", lambda: 1)
+    single = _Planned(compose, "trainer.autotune.budget_s=600", "trainer.autotune.max_workers=64")
+    single.workers_tried(lambda w: 100.0 * (1 + w), 6)
+    tried = [
+        (c.workers, c.params.get("loader.prefetch_factor"), c.params.get("loader.main_threads"))
+        for c in single.tuner.candidates[1:6]
+    ]
+    assert tried == [(32, 2, 1), (8, 2, 1), (2, 2, 1), (32, 8, 1), (64, 2, 1)]
 
 
 @pytest.mark.parametrize("noisy_read", [390.0, 1100.0])

@@ -330,7 +330,6 @@ class Tuner:
         # longest seen is kept back from the budget, so that the phase ends within it
         self._ended_at: float | None = None
         self._ending_s = 0.0
-        self._unpredicted: dict | None = None  # the climb's thinner step: not pruned by time
         self._shares: int | None = None
         self._study = None
         self._space_cfg = self._search_config()
@@ -611,7 +610,7 @@ class Tuner:
         self.chosen, self.reason, self.current = None, "", 0
         self.confirming = self.confirmed = None
         self.by_epochs = None
-        self._study, self._unpredicted = None, None
+        self._study = None
         self.spent, self._clock_start, self._clock_end = 0.0, time.perf_counter(), None
         if self.ranks.is_main:
             log.warning(
@@ -697,27 +696,18 @@ class Tuner:
 
     def _climb(self, left: float) -> bool:
         """Latency-bound data scales past the top seed (reads that stall: 51 workers x
-        prefetch 8 beat 32 x 2). After the seeds, where threads are searched and the fastest
-        setting has at least as many workers as cores, it is tried once with half the main
-        process's threads: the seeds run PyTorch's default, one a core, which then compete
-        with the workers for them (stalls on 2 cores, 32 x 2: 1,526 samples/s with 2 threads,
-        1,999 with 1). Then, once, the fastest with a deeper queue (prefetch x4, up to the
-        search's 8): the seeds all prefetch 2, a queue that shallow does not ride out a
-        worker's stall. Each costs only that setting's own start-up; the threads come first
-        as they gained more where both were measured (the deeper queue read 0.70x of 32 x 2
-        there). Then, while the fastest setting has the most workers tried yet, the next one
-        tried is it with twice the workers (and the depth and threads that won), up to the
-        search's bound. True where the next step would not be measured in the ``left``
-        seconds (a wide loader's start-up grows with its workers): the search ends there,
-        since a suggestion of its own then mostly trains slower settings in the budget's last
-        seconds (reads that stall: with 32 x 8 not fitting in 15 s, Optuna's 2 x 8 trained
-        5.1 s at 199 samples/s against the 1,656 of the fastest). The thinner step is the
-        exception, where a warm-up window and a measured one are left: it is the fastest's
-        own loader, whose start-up was paid once already, and what predicts its time is that
-        one measurement, which a slow settling can stretch (stalls: 32 x 2 took 23.9 s in one
-        run, 9.9 and 13.2 in others, so 1 thread, 1,653-1,874 samples/s there against 1,228
-        with 2, went untried with 17 s left). Cut short, it trains at about the fastest's rate
-        and the choice stays the fastest measured."""
+        prefetch 8 beat 32 x 2). After the seeds, once, the fastest with a deeper queue
+        (prefetch x4, up to the search's 8): the seeds all prefetch 2, a queue that shallow
+        does not ride out a worker's stall. Then, where threads are searched and the fastest
+        runs the seeds' half of PyTorch's main threads (:meth:`_seed_threads`), once, it with
+        PyTorch's own: a model heavy enough on the CPU may want them back. Then, while the
+        fastest setting has the most workers tried yet, the next one tried is it with twice
+        the workers (and the depth and threads that won), up to the search's bound. Each costs
+        only that setting's own start-up. True where the next step would not be measured in
+        the ``left`` seconds (a wide loader's start-up grows with its workers): the search
+        ends there, since a suggestion of its own then mostly trains slower settings in the
+        budget's last seconds (reads that stall: with 32 x 8 not fitting in 15 s, Optuna's
+        2 x 8 trained 5.1 s at 199 samples/s against the 1,656 of the fastest)."""
         from feedrate.sweep.space import next_rung
 
         measured = [c for c in self.candidates if c.search is not None and not c.failed]
@@ -733,15 +723,13 @@ class Tuner:
             "loader.prefetch_factor": min(4 * _depth(best.params), DEEPEST_PREFETCH),
         }
         deepened = len({_depth(p) for p in searched}) > 1  # the seeds share the run's depth
-        threads = best.params.get("loader.main_threads")
-        thinner = {**best.params, "loader.main_threads": max(1, (threads or 1) // 2)}
-        thinned = len({p.get("loader.main_threads") for p in searched}) > 1
-        cores = hardware.usable_cores() / self.ranks.local_world_size  # a rank's share
-        crowded = threads is not None and threads > 1 and best.workers >= cores
-        if crowded and not thinned and not self._tried(thinner, tried):
-            params = thinner
-        elif not deepened and not self._tried(deeper, tried):
+        threads, own = best.params.get("loader.main_threads"), self._main_threads()
+        thicker = {**best.params, "loader.main_threads": own}
+        threaded = len({p.get("loader.main_threads") for p in searched}) > 1
+        if not deepened and not self._tried(deeper, tried):
             params = deeper
+        elif threads and own and threads < own and not threaded and not self._tried(thicker, tried):
+            params = thicker
         else:
             widest = max(c.workers for c in self.candidates)  # failed ones count
             rung = next_rung(best.workers, widest, self.workers_bound)
@@ -751,9 +739,7 @@ class Tuner:
         if self._tried(params, tried):
             return False
         need = self._predicted_seconds(params)
-        if need > left and params is thinner and left >= 2 * self.at.window_s:
-            self._unpredicted = params  # measured though it may be cut
-        elif need > left:
+        if need > left:
             log.info(
                 "loader=autotune: the climb's next step (%s) would take about %.0f s, more"
                 " than the %.0f s left: the search ends there",
@@ -764,6 +750,34 @@ class Tuner:
             return True
         self._study.enqueue_trial(self._in_space(params))
         return False
+
+    def _main_threads(self) -> int | None:
+        """PyTorch's main-process threads for a rank, where the search has threads."""
+        from feedrate.sweep.space import default_threads, search_threads
+
+        if not search_threads(self._space_cfg):
+            return None
+        return default_threads(self.ranks.local_world_size)["loader.main_threads"]
+
+    def _seed_threads(self, workers: int) -> dict[str, int]:
+        """The thread counts a seed with ``workers`` runs, where threads are searched:
+        PyTorch's (a thread a core in the main process, one a worker), with half the main
+        process's where the workers are at least a rank's cores, as they then compete with
+        those threads for the cores. Every preset the sweep tuned on 2 cores has 1 main
+        thread (stalls and synthetic 51 x 8, photos 8 x 1); on the stalling reads 32 x 2
+        trained 1,526 samples/s with 2 and 1,999 with 1. Tried only after the seeds, that
+        thinner step went unmeasured on slow days (photos: 4 seeds over whole epochs took
+        50 s of 60, and 2 threads stayed at a data wait of 56%)."""
+        from feedrate.sweep.space import default_threads
+
+        own = self._main_threads()
+        if own is None:
+            return {}
+        threads = default_threads(self.ranks.local_world_size)
+        cores = hardware.usable_cores() / self.ranks.local_world_size  # a rank's share
+        if workers >= cores:
+            threads["loader.main_threads"] = max(1, own // 2)
+        return threads
 
     def _tried(self, params: dict, tried: list[dict]) -> bool:
         return any(self._same(t, params) for t in tried)
@@ -809,8 +823,7 @@ class Tuner:
             loader_search_space(self._space_cfg, trial)
             params = {k: v for k, v in trial.params.items()}
             twin = next((c for c in self.candidates if self._same(c.params, params)), None)
-            timed = self._unpredicted is None or not self._same(params, self._unpredicted)
-            if twin is None and timed and self._predicted_seconds(params) > left:
+            if twin is None and self._predicted_seconds(params) > left:
                 study.tell(trial, state=TrialState.PRUNED)  # its start-up would not fit
                 continue
             if twin is None:
@@ -1017,12 +1030,7 @@ class Tuner:
             return self._study
         import optuna
 
-        from feedrate.sweep.space import (
-            default_threads,
-            loader_search_space,
-            search_threads,
-            seed_settings,
-        )
+        from feedrate.sweep.space import loader_search_space, seed_settings
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         node, seeds = self._space_cfg, self.seeds
@@ -1042,12 +1050,11 @@ class Tuner:
             else:
                 self._study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         same = seed_settings(node)
-        threads = default_threads(self.ranks.local_world_size) if search_threads(node) else {}
         # The most workers first: where they win (reads that wait), the best figure is then
         # known early, and the seeds far below it stop in their warm-up instead of training
         # the run at a fraction of its rate for a whole measurement (abandon_below)
         for workers in sorted(seeds, reverse=True):
-            params = {"loader.num_workers": workers, **same, **threads}
+            params = {"loader.num_workers": workers, **same, **self._seed_threads(workers)}
             if not any(self._same(c.params, params) for c in self.candidates):
                 self._study.enqueue_trial(params)
         return self._study
