@@ -441,13 +441,28 @@ class _Planned:
         while self.tuner.advance():
             self.measure(rate_of, seconds())
 
-    def workers_tried(self, rate_of, count: int, seconds: float = 2.0) -> list[int]:
+    def workers_tried(
+        self, rate_of, count: int, seconds: float = 2.0, build: bool = False
+    ) -> list[int]:
+        """``count`` candidates measured; with ``build``, each one's loader built as the run
+        builds it, which sets its threads (patch ``torch.set_num_threads``)."""
         self.tuner.start()
         for _ in range(count):
             self.measure(rate_of, seconds)
             if not self.tuner.advance():
                 break
+            if build:
+                self.tuner.build()
         return [c.workers for c in self.tuner.candidates]
+
+
+def _threads(monkeypatch, count: int) -> dict:
+    """PyTorch's main-process threads made ``count``, and what candidates set kept here."""
+    threads = {"count": count}
+    monkeypatch.setattr("feedrate.hardware.pytorch_threads", lambda: count)
+    monkeypatch.setattr("torch.get_num_threads", lambda: threads["count"])
+    monkeypatch.setattr("torch.set_num_threads", lambda n: threads.update(count=n))
+    return threads
 
 
 def test_the_wide_seeds_run_half_the_threads_the_fastest_is_deepened_given_them_back_then_climbed(
@@ -456,17 +471,14 @@ def test_the_wide_seeds_run_half_the_threads_the_fastest_is_deepened_given_them_
     """Reads that stall scale past the top seed, and a main process with a thread a core
     competes with the workers once they fill the cores: the seeds (all at least the cores
     wide) run half PyTorch's main threads. The fastest is then tried once with a deeper
-    queue, once with PyTorch's threads back (at the depth that won), then with twice its
-    workers (at the depth and threads that won), and so on up to the search's bound (64 on 2
-    cores); data that peaks early is not climbed, only deepened and given the threads back."""
-    from feedrate.sweep.space import default_threads
-
+    queue, once with PyTorch's threads back (at the depth that won; PyTorch's as the run
+    started, not the last candidate's), then with twice its workers (at the depth and threads
+    that won), and so on up to the search's bound (64 on 2 cores); data that peaks early is
+    not climbed, only deepened and given the threads back."""
     monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)  # seeds 2, 8, 32
     seeds = [2, 8, 32]
     in_order = seeds[::-1]  # the most workers first
-    main = default_threads()["loader.main_threads"]  # PyTorch's
-    thin = max(1, main // 2)  # the seeds'
-    steps = 2 + (main > 1)  # the threads given back: only where the seeds have fewer
+    main, thin = 4, 2  # PyTorch's, the seeds'
     budget = ["trainer.autotune.budget_s=600", "trainer.autotune.max_workers=64"]
     shallow = ["loader.num_workers=0", "loader.prefetch_factor=null"]
 
@@ -476,46 +488,41 @@ def test_the_wide_seeds_run_half_the_threads_the_fastest_is_deepened_given_them_
             for c in planned.tuner.candidates
         ][1:]  # after the run's own loader
 
-    def given_back(workers: int, depth: int) -> list[tuple]:
-        return [(workers, depth, main)] if main > 1 else []
-
-    def planned(thinner: float, deeper: float) -> _Planned:
+    def planned(fewer: float, deeper: float) -> _Planned:
+        _threads(monkeypatch, main)
         out = _Planned(compose, *shallow, *budget)
 
         def rates(workers: int) -> float:
             params = out.tuner.candidate.params
             deep = deeper if params.get("loader.prefetch_factor") == 8 else 1
-            fewer = thinner if params.get("loader.main_threads") == thin < main else 1
-            return 100.0 * (1 + workers) * deep * fewer
+            thinner = fewer if params.get("loader.main_threads") == thin else 1
+            return 100.0 * (1 + workers) * deep * thinner
 
-        out.workers_tried(rates, 1 + len(seeds) + 4)
+        out.workers_tried(rates, 1 + len(seeds) + 4, build=True)
         return out
 
     seeded = [(w, 2, thin) for w in in_order]
     # the deeper queue and fewer threads win: the climb keeps both
-    assert tried(planned(thinner=1.5, deeper=2))[: len(seeds) + steps] == [
+    assert tried(planned(fewer=1.5, deeper=2))[: len(seeds) + 3] == [
         *seeded,
         (seeds[-1], 8, thin),
-        *given_back(seeds[-1], 8),
+        (seeds[-1], 8, main),
         (64, 8, thin),
     ]
     # a model heavy on the CPU: the threads given back win, and the climb keeps them
-    heavy = tried(planned(thinner=0.5, deeper=1))[: len(seeds) + steps]
-    assert heavy == [*seeded, (seeds[-1], 8, thin), *given_back(seeds[-1], 2), (64, 2, main)]
+    heavy = tried(planned(fewer=0.5, deeper=1))[: len(seeds) + 3]
+    assert heavy == [*seeded, (seeds[-1], 8, thin), (seeds[-1], 2, main), (64, 2, main)]
     # neither wins: the climb goes on from the seed
-    assert tried(planned(thinner=1, deeper=1))[: len(seeds) + steps] == [
+    assert tried(planned(fewer=1, deeper=1))[: len(seeds) + 3] == [
         *seeded,
         (seeds[-1], 8, thin),
-        *given_back(seeds[-1], 2),
+        (seeds[-1], 2, main),
         (64, 2, thin),
     ]
+    _threads(monkeypatch, main)
     peaked = _Planned(compose, *shallow, *budget)
-    workers = peaked.workers_tried(lambda w: 1000.0 - abs(w - seeds[0]), 1 + len(seeds) + steps)
-    assert tried(peaked)[: len(seeds) + steps - 1] == [
-        *seeded,
-        (seeds[0], 8, thin),
-        *given_back(seeds[0], 2),
-    ]
+    workers = peaked.workers_tried(lambda w: 1000.0 - abs(w - seeds[0]), 1 + len(seeds) + 3)
+    assert tried(peaked)[: len(seeds) + 2] == [*seeded, (seeds[0], 8, thin), (seeds[0], 2, main)]
     assert workers[-1] not in (seeds[0], 2 * seeds[-1])  # then Optuna's suggestion
     # from the run's own loader, whose thread counts are unset (not values the search takes)
     wide = _Planned(compose, "loader.num_workers=48", *budget)
@@ -873,10 +880,8 @@ def test_the_search_ends_where_the_climbs_next_step_does_not_fit(compose, monkey
     seeds and the deeper queue, 16 s are left, and the fastest with PyTorch's threads back
     would take 19. The search ends there: no suggestion of Optuna's trains slower settings in
     the last seconds (2 x 8 did, 5.1 s at 199 samples/s against the 1,656 of the fastest)."""
-    from feedrate.sweep.space import default_threads
-
     monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)  # seeds 32, 8, 2
-    main = default_threads()["loader.main_threads"]
+    _threads(monkeypatch, 2)
     planned = _Planned(
         compose, "trainer.autotune.budget_s=60", "trainer.autotune.window_s=2", "loader=recipe"
     )
@@ -899,11 +904,8 @@ def test_the_search_ends_where_the_climbs_next_step_does_not_fit(compose, monkey
         planned.until_done(rate, seconds)
     tried = [(c.workers, c.params.get("loader.prefetch_factor")) for c in tuner.candidates]
     assert tried == [(4, 2), (32, 2), (8, 2), (2, 2), (32, 8)]  # the last deepened
-    step = "num_workers=32, prefetch_factor=8, multiprocessing_context=fork"
-    if main > 1:  # the threads given back
-        assert f"the climb's next step ({step}, main_threads={main})" in caplog.text
-    else:  # none to give back: twice the workers
-        assert "the climb's next step (num_workers=64, prefetch_factor=8" in caplog.text
+    step = "num_workers=32, prefetch_factor=8, multiprocessing_context=fork, main_threads=2"
+    assert f"the climb's next step ({step})" in caplog.text  # the threads given back
     assert tuner.elapsed() <= 60
 
 
@@ -913,9 +915,8 @@ def test_seeds_narrower_than_the_cores_and_a_main_process_of_one_thread_keep_pyt
     """Half the main process's threads only where the workers are at least a rank's cores
     (on 8 cores with at most 4 workers the seed keeps PyTorch's), and where there are two to
     halve: one thread stays one, and the climb has none to give back."""
-    from feedrate.sweep.space import default_threads
-
-    main = default_threads()["loader.main_threads"]
+    main = 4
+    _threads(monkeypatch, main)
     monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 8.0)
     narrow = _Planned(compose, "trainer.autotune.budget_s=600", "trainer.autotune.max_workers=4")
     narrow.workers_tried(lambda w: 100.0 * (1 + w), 2)
@@ -923,7 +924,7 @@ def test_seeds_narrower_than_the_cores_and_a_main_process_of_one_thread_keep_pyt
     assert (seed.workers, seed.params["loader.main_threads"]) == (4, main)
 
     monkeypatch.setattr("feedrate.hardware.usable_cores", lambda: 2.0)  # seeds 32, 8, 2
-    monkeypatch.setattr("torch.get_num_threads", lambda: 1)
+    _threads(monkeypatch, 1)
     single = _Planned(compose, "trainer.autotune.budget_s=600", "trainer.autotune.max_workers=64")
     single.workers_tried(lambda w: 100.0 * (1 + w), 6)
     tried = [

@@ -394,7 +394,7 @@ def test_with_ranks_on_the_node_the_search_is_each_ranks_share(compose, monkeypa
     """Eight ranks on a 16-core node: each rank's seeds, bound and threads are its share of
     the node's, and the sweep refuses a rank count that cannot run."""
     monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 16.0)
-    monkeypatch.setattr("feedrate.sweep.space.torch.get_num_threads", lambda: 16)
+    monkeypatch.setattr("feedrate.hardware.pytorch_threads", lambda: 16)
     node = OmegaConf.create({"sweep": {"max_workers": None}})
     ranks = OmegaConf.create({"sweep": {"max_workers": None, "ranks_per_node": 8}})
     assert max_workers(ranks) == max_workers(node) // 8
@@ -486,7 +486,7 @@ def test_trials_past_the_seeds_bound_are_skipped_not_run(compose, monkeypatch):
 
 def test_threads_are_searched_where_the_model_shares_the_cpu(compose, monkeypatch):
     monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 2.0)
-    monkeypatch.setattr("feedrate.sweep.space.torch.get_num_threads", lambda: 4)
+    monkeypatch.setattr("feedrate.hardware.pytorch_threads", lambda: 4)
     assert max_threads() == 4, "PyTorch's default counts the machine, not the job's share"
     monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 6.0)
     assert max_threads() == 6
@@ -902,7 +902,7 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
     # the model trains on the CPU the workers use: the main process's threads are searched,
     # from PyTorch's default; fork workers keep their one thread (more would hang them)
     search = [r for r in rows if r["phase"] == "search"]
-    assert search[0]["main_threads"] == str(torch.get_num_threads())
+    assert search[0]["main_threads"] == str(hardware.pytorch_threads())
     # the seeds differ in the worker count alone
     seeds = search[: len(seed_workers(OmegaConf.create({"sweep": {"max_workers": 4}})))]
     assert {(r["prefetch_factor"], r["multiprocessing_context"]) for r in seeds} == {("2", "fork")}

@@ -752,12 +752,14 @@ class Tuner:
         return False
 
     def _main_threads(self) -> int | None:
-        """PyTorch's main-process threads for a rank, where the search has threads."""
-        from feedrate.sweep.space import default_threads, search_threads
+        """The run's own main-process threads for a rank (PyTorch's, unless the run set
+        them), where the search has threads. Read when the run started: each candidate's
+        loader sets its own (:meth:`build`), so the seeds' half would read as PyTorch's."""
+        from feedrate.sweep.space import search_threads
 
         if not search_threads(self._space_cfg):
             return None
-        return default_threads(self.ranks.local_world_size)["loader.main_threads"]
+        return max(1, self.threads // self.ranks.local_world_size)
 
     def _seed_threads(self, workers: int) -> dict[str, int]:
         """The thread counts a seed with ``workers`` runs, where threads are searched:
@@ -768,16 +770,14 @@ class Tuner:
         trained 1,526 samples/s with 2 and 1,999 with 1. Tried only after the seeds, that
         thinner step went unmeasured on slow days (photos: 4 seeds over whole epochs took
         50 s of 60, and 2 threads stayed at a data wait of 56%)."""
-        from feedrate.sweep.space import default_threads
-
         own = self._main_threads()
         if own is None:
             return {}
-        threads = default_threads(self.ranks.local_world_size)
-        cores = hardware.usable_cores() / self.ranks.local_world_size  # a rank's share
-        if workers >= cores:
-            threads["loader.main_threads"] = max(1, own // 2)
-        return threads
+        cores = max(1, int(hardware.usable_cores()) // self.ranks.local_world_size)  # the seeds'
+        return {
+            "loader.worker_threads": 1,
+            "loader.main_threads": max(1, own // 2) if workers >= cores else own,
+        }
 
     def _tried(self, params: dict, tried: list[dict]) -> bool:
         return any(self._same(t, params) for t in tried)

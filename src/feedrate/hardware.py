@@ -61,6 +61,15 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+_PYTORCH_THREADS = torch.get_num_threads()  # PyTorch's choice for this process, at start
+
+
+def pytorch_threads() -> int:
+    """PyTorch's intra-op threads for this process as it started (``OMP_NUM_THREADS`` if set,
+    else its count of the cores): not what a run, a trial or a candidate has set since."""
+    return _PYTORCH_THREADS
+
+
 def usable_cores() -> float:
     """Cores this process may actually use: the affinity mask, then any cgroup v2 CPU quota.
 

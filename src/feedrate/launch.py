@@ -62,7 +62,6 @@ from feedrate.workload import (
 )
 
 log = logging.getLogger("feedrate")
-_DEFAULT_THREADS = torch.get_num_threads()  # PyTorch's choice for this process, at start
 
 
 def default_config_dir() -> Path:
@@ -256,7 +255,7 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
             cfg.loader.main_threads or 0, ranks, cfg.loader.per_rank
         )
         # Always set: a warm trial host must not keep the threads of the trial before
-        torch.set_num_threads(threads or cfg.hardware.torch_threads or _DEFAULT_THREADS)
+        torch.set_num_threads(threads or cfg.hardware.torch_threads or hardware.pytorch_threads())
         torch.backends.cudnn.benchmark = hw.cudnn_benchmark
         yield Run(cfg, ranks, fingerprint, hw, out)
     finally:

@@ -243,13 +243,13 @@ def max_threads(ranks: int = 1) -> int:
     """Upper bound of the thread counts searched: the usable cores, or PyTorch's own default
     where that is more (it counts the machine's cores, not this job's share); a rank's share
     of that with ``ranks`` on the node."""
-    return max(1, max(int(hardware.usable_cores()), torch.get_num_threads()) // ranks)
+    return max(1, max(int(hardware.usable_cores()), hardware.pytorch_threads()) // ranks)
 
 
 def default_threads(ranks: int = 1) -> dict[str, int]:
     """PyTorch's thread counts: one a worker, its default in the main process
     (``OMP_NUM_THREADS`` if set), a rank's share of it with ``ranks`` on the node."""
-    main = max(1, torch.get_num_threads() // ranks)
+    main = max(1, hardware.pytorch_threads() // ranks)
     return {"loader.worker_threads": 1, "loader.main_threads": main}
 
 
