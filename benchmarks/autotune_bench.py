@@ -15,6 +15,11 @@ is a fresh `python train.py`. Reported, with paired intervals over the rounds:
 - the tuning phase's seconds (<= 60 here) and the chosen setting's steady rate against the
   tuned preset's (>= 0.9).
 
+A round with a run that other processes slowed (the run's own `metrics.noise`: they kept more
+than a quarter of its cores busy) is run again, once, as the sweep measures a noisy trial
+again; the second round counts, flagged if it is noisy too, and the first stays in
+results.json as `replaced`.
+
 Writes results.json, table.md and autotune.png under --out.
 """
 
@@ -56,8 +61,10 @@ def loader_args(name: str, workload: str, args: argparse.Namespace) -> list[str]
     return ["loader=recipe"]
 
 
-def run_one(name: str, workload: str, r: int, out: Path, args: argparse.Namespace) -> dict:
-    run_dir = out / workload / f"round{r}_{name}"
+def run_one(
+    name: str, workload: str, r: int, out: Path, args: argparse.Namespace, again: bool = False
+) -> dict:
+    run_dir = out / workload / f"round{r}_{name}{'_again' if again else ''}"
     cmd = [
         sys.executable,
         "train.py",
@@ -97,17 +104,40 @@ def run_one(name: str, workload: str, r: int, out: Path, args: argparse.Namespac
         "tuning_samples": tuning.get("samples"),
         "chosen": (tuning.get("chosen") or {}).get("params"),
         "candidates": len(tuning.get("candidates") or []),
+        "noise": m.get("noise") or [],
     }
     shown = f"{row['whole_run']:,.1f} samples/s over the run, steady {row['steady']:,.1f}"
     if tuning:
         shown += f"; tuned in {row['tuning_s']:.0f} s, chose {row['chosen']}"
+    if row["noise"]:
+        shown += f"; NOISY: {'; '.join(row['noise'])}"
     print(f"[{workload}] round {r + 1} {name}: {shown}", flush=True)
     return row
 
 
+def counted(x: dict) -> bool:
+    """A run that counts: it ran, and its round was not run again for noise."""
+    return x["ok"] and not x.get("replaced")
+
+
+def run_round(r: int, workload: str, out: Path, args: argparse.Namespace) -> list[dict]:
+    """Round ``r``'s runs (the order alternates between rounds); run again, once, where other
+    processes slowed one of them (the first runs kept, ``replaced``)."""
+    chosen = [n for n in CONTESTANTS if n in args.contestants]
+    order = chosen if r % 2 == 0 else chosen[::-1]
+    rows = [run_one(name, workload, r, out, args) for name in order]
+    noisy = [x["name"] for x in rows if x.get("noise")]
+    if not noisy:
+        return rows
+    print(f"[{workload}] round {r + 1}: {', '.join(noisy)} noisy: the round runs again", flush=True)
+    for x in rows:
+        x["replaced"] = True
+    return rows + [run_one(name, workload, r, out, args, again=True) for name in order]
+
+
 def compare(rows: list[dict], a: str, b: str, key: str) -> dict | None:
     def rounds(name: str) -> dict[int, float]:
-        return {x["round"]: x[key] for x in rows if x["name"] == name and x["ok"]}
+        return {x["round"]: x[key] for x in rows if x["name"] == name and counted(x)}
 
     c = stats.compare(rounds(a), rounds(b))
     return c.as_dict() | {"text": c.describe()} if c is not None else None
@@ -115,24 +145,26 @@ def compare(rows: list[dict], a: str, b: str, key: str) -> dict | None:
 
 def verdicts(rows: list[dict]) -> dict:
     def median(name: str, key: str) -> float | None:
-        values = [x[key] for x in rows if x["name"] == name and x["ok"] and x[key] is not None]
+        values = [x[key] for x in rows if x["name"] == name and counted(x) and x[key] is not None]
         return statistics.median(values) if values else None
 
     cost = compare(rows, "autotune", "tuned", "whole_run")
     versus_recipe = compare(rows, "autotune", "recipe", "whole_run")
     tuned_recipe = compare(rows, "tuned", "recipe", "whole_run")
     choice = compare(rows, "autotune", "tuned", "steady")
-    tuning_s = [x["tuning_s"] for x in rows if x["name"] == "autotune" and x["ok"]]
+    tuning_s = [x["tuning_s"] for x in rows if x["name"] == "autotune" and counted(x)]
     # What the tuning phase cost: the seconds it would have taken the tuned preset (its
     # steady rate that round) to train what the phase trained, against the phase's seconds
-    steady = {x["round"]: x["steady"] for x in rows if x["name"] == "tuned" and x["ok"]}
+    steady = {x["round"]: x["steady"] for x in rows if x["name"] == "tuned" and counted(x)}
     lost = [
         x["tuning_s"] - x["tuning_samples"] / steady[x["round"]]
         for x in rows
-        if x["name"] == "autotune" and x["ok"] and x["round"] in steady and x["tuning_s"]
+        if x["name"] == "autotune" and counted(x) and x["round"] in steady and x["tuning_s"]
     ]
     ran_recipe = any(x["name"] == "recipe" for x in rows)
     return {
+        "rerun": sorted({x["round"] + 1 for x in rows if x.get("replaced")}),
+        "noisy": sorted({x["round"] + 1 for x in rows if counted(x) and x.get("noise")}),
         "lost_s": lost,
         "medians": {n: median(n, "whole_run") for n in CONTESTANTS},
         "autotune_vs_tuned": cost,
@@ -195,7 +227,15 @@ def table(results: dict, seconds: float) -> str:
             f" {tuning} {ok['tuning_seconds']} | {text('choice_vs_tuned')} {ok['choice']} |"
             f" {projected(v.get('lost_s') or [], seconds)} |"
         )
-    return "\n".join(lines) + "\n"
+    notes = []
+    for workload, res in results.items():
+        for key, what in (
+            ("rerun", "rounds run again, other processes having slowed a run of the first:"),
+            ("noisy", "rounds counted though other processes slowed a run of them:"),
+        ):
+            if res["verdicts"].get(key):
+                notes.append(f"- {workload}: {what} {', '.join(map(str, res['verdicts'][key]))}")
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
 def plot(results: dict, path: Path) -> None:
@@ -209,9 +249,8 @@ def plot(results: dict, path: Path) -> None:
     names = list(results)
     for i, name in enumerate(CONTESTANTS):
         for j, workload in enumerate(names):
-            values = [
-                x["whole_run"] for x in results[workload]["rows"] if x["name"] == name and x["ok"]
-            ]
+            rows = results[workload]["rows"]
+            values = [x["whole_run"] for x in rows if x["name"] == name and counted(x)]
             if not values:
                 continue
             x = j + (i - 1) * width
@@ -261,11 +300,7 @@ def main() -> int:
     results = {}
     for workload in args.workloads:
         sweep_s = None if args.skip_sweep else run_sweep(workload, out, args)["total"]
-        rows = []
-        for r in range(args.rounds):
-            chosen = [n for n in CONTESTANTS if n in args.contestants]
-            order = chosen if r % 2 == 0 else chosen[::-1]
-            rows += [run_one(name, workload, r, out, args) for name in order]
+        rows = [x for r in range(args.rounds) for x in run_round(r, workload, out, args)]
         results[workload] = {"sweep_s": sweep_s, "rows": rows, "verdicts": verdicts(rows)}
         (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     command = "python benchmarks/autotune_bench.py " + " ".join(sys.argv[1:])
@@ -276,7 +311,11 @@ def main() -> int:
 def summarise(out: Path, args: argparse.Namespace) -> int:
     """table.md and autotune.png from OUT/results.json (the verdicts computed again)."""
     results = json.loads((out / "results.json").read_text())
-    for res in results.values():
+    for workload, res in results.items():
+        for x in res["rows"]:  # results from before runs recorded their noise
+            metrics = out / workload / f"round{x['round']}_{x['name']}" / "metrics.json"
+            if "noise" not in x and x["ok"] and metrics.exists():
+                x["noise"] = json.loads(metrics.read_text()).get("noise") or []
         res["verdicts"] = verdicts(res["rows"])
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     ran = (out / "command.txt").read_text().splitlines() if (out / "command.txt").exists() else []
