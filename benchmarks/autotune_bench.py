@@ -296,15 +296,17 @@ def main() -> int:
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     out = (args.out or ROOT / "benchmarks" / "results" / f"{stamp}_autotune").resolve()
     out.mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/autotune_bench.py " + " ".join(sys.argv[1:])
+    (out / "command.txt").write_text(f"{command}\ncommit {git_commit()}\n")
     print(f"machine: {detect().short()}\noutput: {out}", flush=True)
     results = {}
     for workload in args.workloads:
         sweep_s = None if args.skip_sweep else run_sweep(workload, out, args)["total"]
-        rows = [x for r in range(args.rounds) for x in run_round(r, workload, out, args)]
-        results[workload] = {"sweep_s": sweep_s, "rows": rows, "verdicts": verdicts(rows)}
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    command = "python benchmarks/autotune_bench.py " + " ".join(sys.argv[1:])
-    (out / "command.txt").write_text(f"{command}\ncommit {git_commit()}\n")
+        rows: list[dict] = []
+        for r in range(args.rounds):  # saved after every round: a cut-short bench still counts
+            rows += run_round(r, workload, out, args)
+            results[workload] = {"sweep_s": sweep_s, "rows": rows, "verdicts": verdicts(rows)}
+            (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return summarise(out, args)
 
 
