@@ -20,7 +20,10 @@ than a quarter of its cores busy) is run again, once, as the sweep measures a no
 again; the second round counts, flagged if it is noisy too, and the first stays in
 results.json as `replaced`.
 
-Writes results.json, table.md and autotune.png under --out.
+Writes results.json (after every round), table.md and autotune.png under --out.
+`--summarise OUT` redoes OUT's tables; `--pool OUT1 OUT2 --out OUT` gives the verdicts over
+the rounds of benches that ran the same code and presets (each round stays a side-by-side
+pair; more of them narrow the interval).
 """
 
 from __future__ import annotations
@@ -285,12 +288,28 @@ def main() -> int:
     parser.add_argument(
         "--summarise", type=Path, default=None, metavar="OUT", help="only redo OUT's tables"
     )
+    parser.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="OUT",
+        help="the verdicts over the rounds of several benches of the same code and presets,"
+        " written to --out",
+    )
     args = parser.parse_args()
     if not {"autotune", "tuned"} <= set(args.contestants):
         named = " ".join(args.contestants)
         parser.error(f"--contestants {named}: autotune and tuned are both needed")
     if args.summarise:
         return summarise(args.summarise.resolve(), args)
+    if args.pool:
+        if args.out is None:
+            parser.error("--pool: name the folder for the pooled tables with --out")
+        try:
+            return pool([p.resolve() for p in args.pool], args.out.resolve(), args)
+        except ValueError as e:
+            parser.error(f"--pool: {e}")
     args.fresh, args.preset_name = False, None  # what loader_bench.run_sweep reads
 
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
@@ -307,6 +326,57 @@ def main() -> int:
             rows += run_round(r, workload, out, args)
             results[workload] = {"sweep_s": sweep_s, "rows": rows, "verdicts": verdicts(rows)}
             (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return summarise(out, args)
+
+
+RAN = ("src", "conf", "train.py")  # what a bench's runs are made of
+
+
+def source_tree(commit: str) -> str:
+    """The trees of ``RAN`` at ``commit``: benches of commits that differ in results, docs or
+    the bench itself alone ran the same code."""
+    return subprocess.run(
+        ["git", "rev-parse", *(f"{commit}:{path}" for path in RAN)],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+    ).stdout.strip()
+
+
+def pool(outs: list[Path], out: Path, args: argparse.Namespace) -> int:
+    """One results.json in ``out`` from the rounds of ``outs``, renumbered in turn, then its
+    tables: each round stays a side-by-side pair, so more of them narrow the interval. Refused
+    unless every bench ran the same code (src/, conf/ and train.py at its commit) and, per
+    workload, the same preset (its bench_<workload>.yaml, where the folders keep one)."""
+    commits, trees, pooled = [], set(), {}
+    for folder in outs:
+        ran = folder / "command.txt"
+        if not (folder / "results.json").exists() or not ran.exists():
+            raise ValueError(f"{folder} has no results.json and command.txt: not a bench's output")
+        commit = ran.read_text().splitlines()[1].removeprefix("commit ").strip()
+        commits.append(commit)
+        trees.add(source_tree(commit) or f"unknown ({commit})")
+    if len(trees) > 1:
+        raise ValueError(
+            f"the benches ran different code (commits {', '.join(commits)}): pool only benches"
+            f" whose {', '.join(RAN)} are the same"
+        )
+    for folder in outs:
+        for workload, res in json.loads((folder / "results.json").read_text()).items():
+            rows = pooled.setdefault(workload, {"sweep_s": None, "rows": []})["rows"]
+            offset = 1 + max((x["round"] for x in rows), default=-1)
+            rows += [{**x, "round": x["round"] + offset, "from": folder.name} for x in res["rows"]]
+    for workload, res in pooled.items():
+        kept = [
+            f / f"bench_{workload}.yaml" for f in outs if (f / f"bench_{workload}.yaml").exists()
+        ]
+        if len({p.read_text() for p in kept}) > 1:
+            raise ValueError(f"{workload}: the tuned presets differ ({', '.join(map(str, kept))})")
+        res["verdicts"] = verdicts(res["rows"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(pooled, indent=2) + "\n")
+    command = "python benchmarks/autotune_bench.py " + " ".join(sys.argv[1:])
+    (out / "command.txt").write_text(f"{command}\ncommit {', '.join(commits)}\n")
     return summarise(out, args)
 
 
