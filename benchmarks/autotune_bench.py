@@ -176,7 +176,7 @@ def verdicts(rows: list[dict]) -> dict:
         "choice_vs_tuned": choice,
         "tuning_s": tuning_s,
         "pass": {
-            "cost": cost is not None and cost["ratio"] >= TUNING_COST,
+            "cost": stats.against(cost, TUNING_COST),  # by the interval, as every bench
             # None: the recipe was not among this run's contestants (--contestants)
             "ahead_of_recipe": None
             if not ran_recipe
@@ -186,7 +186,7 @@ def verdicts(rows: list[dict]) -> dict:
                 or (versus_recipe is not None and versus_recipe["verdict"] == stats.WIN)
             ),
             "tuning_seconds": bool(tuning_s) and max(tuning_s) <= TUNING_SECONDS,
-            "choice": choice is not None and choice["ratio"] >= CHOICE,
+            "choice": stats.against(choice, CHOICE),
         },
     }
 
@@ -200,11 +200,22 @@ def projected(lost_s: list[float], seconds: float, minutes: float = 5.0) -> str:
     return f"{lost:.0f} s; {1 - lost / (60 * minutes):.2f} for a {minutes:.0f}-minute run"
 
 
+def mark(passed: bool | str | None) -> str:
+    """A target's outcome in the table: by the interval (:func:`feedrate.stats.against`) for
+    a ratio, else met or not; None where its contestant did not run."""
+    said = {stats.MET: "PASS", stats.MISSED: "MISS", stats.NOT_SHOWN: "NOT SHOWN"}
+    if isinstance(passed, str):
+        return said.get(passed, passed)
+    return "not run" if passed is None else "PASS" if passed else "MISS"
+
+
 def table(results: dict, seconds: float) -> str:
     lines = [
         f"Runs of {seconds:.0f} s of training each (trainer.max_seconds), fresh processes;"
         " samples/s of the whole run (tuning included), median of the rounds; ratios are"
-        " geometric means of the paired rounds with 95% intervals.",
+        " geometric means of the paired rounds with 95% intervals. A target on a ratio PASSes"
+        " when the interval's low end reaches it, is a MISS when its high end is below it, and"
+        " is NOT SHOWN either way between.",
         "",
         "| workload | autotune | tuned preset | recipe | autotune / tuned (>= 0.9) |"
         " autotune / recipe | tuned / recipe | tuning s (<= 60) | choice / tuned, steady"
@@ -217,7 +228,7 @@ def table(results: dict, seconds: float) -> str:
         def text(key: str, v: dict = v) -> str:
             return v[key]["text"] if v[key] else "-"
 
-        ok = {k: "not run" if p is None else "PASS" if p else "MISS" for k, p in v["pass"].items()}
+        ok = {k: mark(p) for k, p in v["pass"].items()}
 
         def median(name: str, m: dict = v["medians"]) -> str:
             return f"{m[name]:,.1f}" if m.get(name) is not None else "-"

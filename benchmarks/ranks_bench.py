@@ -179,13 +179,8 @@ def same_settings(rows: list[dict], a: str, b: str) -> bool:
 def outcome(ratio: dict | None) -> str:
     """The target on the interval, as loader_bench checks its own: MET when its low end is at
     or above it, MISS when its high end is below, else not shown either way."""
-    if ratio is None:
-        return "no figure"
-    if ratio["low"] >= TARGET:
-        return "MET"
-    if ratio["high"] < TARGET:
-        return "MISS"
-    return f"not shown (the interval spans {TARGET})"
+    said = {stats.MET: "MET", stats.MISSED: "MISS", stats.NO_FIGURE: "no figure"}
+    return said.get(stats.against(ratio, TARGET), f"not shown (the interval spans {TARGET})")
 
 
 def table(results: dict, ranks: int) -> str:

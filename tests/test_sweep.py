@@ -144,6 +144,23 @@ def test_fewer_than_three_rounds_claim_nothing_but_a_factor_of_two():
     assert d.winner is fast and "clearly slower: its best run, 80.0 samples/s" in d.reason
 
 
+def test_a_target_is_met_only_when_the_whole_interval_clears_it():
+    """As every benchmark judges its targets (autotune / tuned >= 0.9 and the rest): by the
+    interval of the paired rounds, not the point ratio."""
+
+    def ratio(a: list[float], b: list[float]) -> dict:
+        return stats.compare(a, b).as_dict()
+
+    tuned = [1000.0, 1010.0, 990.0, 1005.0]
+    assert stats.against(ratio([950, 965, 940, 958], tuned), 0.9) == stats.MET
+    assert stats.against(ratio([800, 820, 790, 805], tuned), 0.9) == stats.MISSED
+    wide = ratio([800, 1100, 850, 1050], tuned)
+    assert wide["ratio"] >= 0.9 > wide["low"], "the point ratio clears it, the interval not"
+    assert stats.against(wide, 0.9) == stats.NOT_SHOWN
+    assert stats.against(ratio([990, 1000], tuned[:2]), 0.9) == stats.NOT_SHOWN, "2 rounds"
+    assert stats.against(None, 0.9) == stats.NO_FIGURE
+
+
 def test_a_faster_baseline_is_never_replaced():
     base = _contestant("recipe", [400, 410, 405, 402, 408], True)
     cand = _contestant("trial 1", [300, 310, 305, 302, 308], False, workers=2)

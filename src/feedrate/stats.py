@@ -24,6 +24,7 @@ from scipy import stats
 MIN_ROUNDS = 3  # fewer paired rounds than this: no claim either way
 CONFIDENCE = 0.95
 WIN, LOSS, TIE = "win", "loss", "tie"
+MET, MISSED, NOT_SHOWN, NO_FIGURE = "met", "missed", "not shown", "no figure"  # a target
 
 Rounds = Mapping[int, float] | Sequence[float | None]
 T = TypeVar("T")
@@ -73,6 +74,22 @@ class Comparison:
             "confidence": self.confidence,
             "verdict": self.verdict,
         }
+
+
+def against(ratio: Mapping | None, target: float) -> str:
+    """A target on a ratio (a :meth:`Comparison.as_dict`), judged by its interval as every
+    benchmark judges one: ``MET`` when the low end reaches it, ``MISSED`` when the high end is
+    below it, else ``NOT_SHOWN`` either way (so too with fewer than ``MIN_ROUNDS`` rounds: a
+    point ratio above the target is no evidence); ``NO_FIGURE`` without a ratio."""
+    if ratio is None:
+        return NO_FIGURE
+    if min(ratio["rounds"]) < MIN_ROUNDS:
+        return NOT_SHOWN
+    if ratio["low"] >= target:
+        return MET
+    if ratio["high"] < target:
+        return MISSED
+    return NOT_SHOWN
 
 
 def _by_round(values: Rounds) -> dict[int, float]:
