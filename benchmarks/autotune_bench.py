@@ -327,8 +327,9 @@ def main() -> int:
     out = (args.out or ROOT / "benchmarks" / "results" / f"{stamp}_autotune").resolve()
     out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/autotune_bench.py " + " ".join(sys.argv[1:])
-    (out / "command.txt").write_text(f"{command}\ncommit {git_commit()}\n")
-    print(f"machine: {detect().short()}\noutput: {out}", flush=True)
+    machine = detect().short()
+    (out / "command.txt").write_text(f"{command}\ncommit {git_commit()}\nmachine {machine}\n")
+    print(f"machine: {machine}\noutput: {out}", flush=True)
     results = {}
     for workload in args.workloads:
         sweep_s = None if args.skip_sweep else run_sweep(workload, out, args)["total"]
@@ -359,13 +360,14 @@ def pool(outs: list[Path], out: Path, args: argparse.Namespace) -> int:
     tables: each round stays a side-by-side pair, so more of them narrow the interval. Refused
     unless every bench ran the same code (src/, conf/ and train.py at its commit) and, per
     workload, the same preset (its bench_<workload>.yaml, where the folders keep one)."""
-    commits, trees, pooled = [], set(), {}
+    commits, trees, machines, pooled = [], set(), [], {}
     for folder in outs:
         ran = folder / "command.txt"
         if not (folder / "results.json").exists() or not ran.exists():
             raise ValueError(f"{folder} has no results.json and command.txt: not a bench's output")
         commit = ran.read_text().splitlines()[1].removeprefix("commit ").strip()
         commits.append(commit)
+        machines.append(ran_on(folder))
         trees.add(source_tree(commit) or f"unknown ({commit})")
     if len(trees) > 1:
         raise ValueError(
@@ -387,8 +389,20 @@ def pool(outs: list[Path], out: Path, args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(pooled, indent=2) + "\n")
     command = "python benchmarks/autotune_bench.py " + " ".join(sys.argv[1:])
-    (out / "command.txt").write_text(f"{command}\ncommit {', '.join(commits)}\n")
+    machine = " + ".join(dict.fromkeys(machines))  # each round's pair ran on one of them
+    (out / "command.txt").write_text(f"{command}\ncommit {', '.join(commits)}\nmachine {machine}\n")
     return summarise(out, args)
+
+
+def ran_on(out: Path) -> str:
+    """The machine OUT's runs ran on: command.txt's, else (a bench from before it kept one)
+    the one its table.md names, else this one."""
+    for name, prefix in (("command.txt", "machine "), ("table.md", "Machine: ")):
+        lines = (out / name).read_text().splitlines() if (out / name).exists() else []
+        found = [line.removeprefix(prefix) for line in lines if line.startswith(prefix)]
+        if found:
+            return found[0]
+    return detect().short()
 
 
 def summarise(out: Path, args: argparse.Namespace) -> int:
@@ -403,7 +417,7 @@ def summarise(out: Path, args: argparse.Namespace) -> int:
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     ran = (out / "command.txt").read_text().splitlines() if (out / "command.txt").exists() else []
     command, commit = (ran + ["?", "commit ?"])[:2]
-    header = f"Command: `{command}`\n{commit.capitalize()}\nMachine: {detect().short()}\n\n"
+    header = f"Command: `{command}`\n{commit.capitalize()}\nMachine: {ran_on(out)}\n\n"
     text = table(results, args.seconds)
     (out / "table.md").write_text(header + text)
     plot(results, out / "autotune.png")
