@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from feedrate import distributed, hardware, provenance, stats
+from feedrate import distributed, provenance, stats
 from feedrate.errors import ConfigError
 from feedrate.meter import rate_of
 from feedrate.metrics import noise
@@ -770,14 +770,13 @@ class Tuner:
         trained 1,526 samples/s with 2 and 1,999 with 1. Tried only after the seeds, that
         thinner step went unmeasured on slow days (photos: 4 seeds over whole epochs took
         50 s of 60, and 2 threads stayed at a data wait of 56%)."""
+        from feedrate.sweep.space import default_threads, rank_cores
+
         own = self._main_threads()
         if own is None:
             return {}
-        cores = max(1, int(hardware.usable_cores()) // self.ranks.local_world_size)  # the seeds'
-        return {
-            "loader.worker_threads": 1,
-            "loader.main_threads": max(1, own // 2) if workers >= cores else own,
-        }
+        wide = workers >= rank_cores(self.ranks.local_world_size)  # as the seeds divide them
+        return {**default_threads(), "loader.main_threads": max(1, own // 2) if wide else own}
 
     def _tried(self, params: dict, tried: list[dict]) -> bool:
         return any(self._same(t, params) for t in tried)

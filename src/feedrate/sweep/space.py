@@ -80,9 +80,14 @@ def seed_workers(cfg: DictConfig) -> list[int]:
     pick) and rungs far past it, where latency-bound data peaks (32 workers on 2 cores for the
     10 ms dataset); ``sweep.max_workers`` bounds them too. With ``sweep.ranks_per_node``,
     a rank's share of the cores."""
-    cores = max(1, int(hardware.usable_cores()) // ranks_per_node(cfg))
+    cores = rank_cores(ranks_per_node(cfg))
     top = max_workers(cfg)
     return sorted({min(top, k * cores) for k in SEED_LADDER})
+
+
+def rank_cores(ranks: int = 1) -> int:
+    """A rank's share of the usable cores with ``ranks`` on the node, at least one."""
+    return max(1, int(hardware.usable_cores()) // ranks)
 
 
 def next_rung(best: int, widest: int, bound: int) -> int | None:
