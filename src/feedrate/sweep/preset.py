@@ -17,6 +17,7 @@ from feedrate.sweep.space import default_threads
 
 MARKER = "# feedrate-preset: written by `python train.py -m sweep=loader`"
 AUTOTUNE_MARKER = "# feedrate-preset: written by `python train.py loader=autotune`"
+LOADER_MARKER = "# feedrate-preset: written by feedrate.autotune_loader"
 # Keys a preset may set: the DataLoader's own, as in LoaderConfig. Nothing executable.
 PRESET_KEYS = (
     "batch_size",
@@ -111,7 +112,7 @@ def check_writable(path: Path, overwrite: bool, keys: str = "sweep") -> None:
     to replace a preset feedrate did not write."""
     if not path.exists() or overwrite:
         return
-    if not {MARKER, AUTOTUNE_MARKER} & set(path.read_text().splitlines()[:2]):
+    if not {MARKER, AUTOTUNE_MARKER, LOADER_MARKER} & set(path.read_text().splitlines()[:2]):
         raise ConfigError(
             f"{path} exists and was not written by feedrate: it is kept. Choose another"
             f" name ({keys}.preset_name=...) or replace it with {keys}.overwrite=true"

@@ -1,0 +1,20 @@
+"""Tuning the input pipeline while a loop trains: the policy (:mod:`.policy`), the
+measurement of one setting (:mod:`.probe`) and the loader that owns them (:mod:`.loader`)."""
+
+from feedrate.tuning.loader import TuningLoader
+
+
+def autotune_loader(dataset, **kwargs) -> TuningLoader:
+    """A loader over ``dataset`` that tunes its workers while your loop trains.
+
+    Takes the DataLoader's own arguments (``batch_size``, ``shuffle``, ``sampler``,
+    ``batch_sampler``, ``collate_fn``, ``drop_last``, ``num_workers`` (where it starts),
+    ``prefetch_factor``, ``pin_memory``, ``persistent_workers``, ``worker_init_fn``,
+    ``multiprocessing_context``, ``timeout``) and ``budget_s`` (seconds of tuning),
+    ``max_workers``, ``preset`` (a .yaml file it writes its choice to and starts from next
+    time) and ``seed`` (the shuffle's). Iterate it as a DataLoader, one pass an epoch.
+    """
+    return TuningLoader(dataset, **kwargs)
+
+
+__all__ = ["TuningLoader", "autotune_loader"]

@@ -1,0 +1,532 @@
+"""The tuning loader: an iterable that owns the DataLoaders it tries, for any training loop
+(docs/design.md, "The tuning loader").
+
+    loader = feedrate.autotune_loader(dataset, batch_size=64, shuffle=True, budget_s=60)
+    for epoch in range(epochs):
+        for batch in loader:
+            ...
+
+Each setting it tries is a DataLoader over the same dataset, collate function and batches;
+it goes on where the one before stopped in the epoch, so every sample is yielded exactly once
+an epoch. What it measures is what the loop pulls: the rate at which batches are taken and
+the time spent waiting inside ``__next__``. ``state_dict()`` / ``load_state_dict()`` resume
+it mid-epoch, as torchdata's ``StatefulDataLoader`` does.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psutil
+import torch
+from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler
+
+from feedrate.errors import ConfigError
+from feedrate.tuning.policy import Choice, Climb, Figure, Machine, Setting, worker_bound
+from feedrate.tuning.probe import Probe
+from feedrate.tuning.ranks import Ranks
+
+log = logging.getLogger("feedrate.tuning")
+
+MIN_BUDGET_S = 5.0  # less than this measures nothing worth choosing by
+
+
+def _cpu_times() -> tuple[float, float]:
+    """(busy, total) seconds of every core so far: the machine's, other processes too."""
+    t = psutil.cpu_times()
+    idle = t.idle + getattr(t, "iowait", 0.0)
+    total = sum(t)
+    return total - idle, total
+
+
+def window_seconds(budget_s: float) -> float:
+    """A setting's window: a twelfth of the budget, between 1 and 3 s."""
+    return min(3.0, max(1.0, budget_s / 12))
+
+
+class _Plan(Sampler[list[int]]):
+    """This epoch's batches from ``start`` on: the batch sampler every DataLoader tried
+    shares, so that the next one goes on where the one before stopped."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.start = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches[self.start :])
+
+    def __len__(self) -> int:
+        return len(self.batches) - self.start
+
+
+class TuningLoader:
+    """An iterable over batches that tunes ``num_workers`` and ``prefetch_factor`` while the
+    loop trains; built by :func:`feedrate.autotune_loader`."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        sampler: Sampler | None = None,
+        batch_sampler: Sampler | None = None,
+        collate_fn: Callable | None = None,
+        drop_last: bool = False,
+        num_workers: int | None = None,
+        prefetch_factor: int | None = None,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        worker_init_fn: Callable | None = None,
+        multiprocessing_context: Any = None,
+        timeout: float = 0,
+        budget_s: float = 60.0,
+        max_workers: int | None = None,
+        preset: str | None = None,
+        seed: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+        cpu: Callable[[], tuple[float, float]] | None = _cpu_times,
+        make_loader: Callable[..., Any] | None = None,
+    ) -> None:
+        _check_args(batch_size, shuffle, sampler, batch_sampler, drop_last, budget_s, max_workers)
+        self.dataset = dataset
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
+        self.sampler, self.batch_sampler = sampler, batch_sampler
+        self.stream = isinstance(dataset, IterableDataset)
+        self.loader_args = {
+            "collate_fn": collate_fn,
+            "pin_memory": pin_memory,
+            "worker_init_fn": worker_init_fn,
+            "timeout": timeout,
+        }
+        self.persistent = persistent_workers
+        self.context = multiprocessing_context
+        self.seed, self.clock, self.cpu = seed, clock, cpu
+        self.budget_s = float(budget_s)
+        self.window_s = window_seconds(self.budget_s)
+        self.ranks = Ranks.current()
+        cores = _usable_cores() / self.ranks.local_world_size
+        cap = max_workers or worker_bound(cores)
+        start = Setting(cores_start(cores) if num_workers is None else num_workers, prefetch_factor)
+        start = Setting(start.num_workers, start.prefetch_factor if start.num_workers else None)
+        self.preset, recorded = None, None
+        if preset is not None:
+            from feedrate.tuning.preset import LoaderPreset
+
+            self.preset = LoaderPreset(preset, self._workload())
+            start, recorded = self.preset.start_from(start)
+        self.climb = Climb(start, Machine(cores, cap), window_s=self.window_s, recorded=recorded)
+        self.make_loader = make_loader or _build
+        self._plan = _Plan()
+        self.epoch = 0
+        self._pos = 0  # batches of this epoch already yielded
+        self.figures: list[Figure] = []
+        self.current = start
+        self.choice: Choice | None = None
+        self.tuning = self.budget_s >= MIN_BUDGET_S
+        if not self.tuning:
+            self.choice = Choice(start, f"budget_s={budget_s:g} below {MIN_BUDGET_S:g} s", False)
+        self.spent_s = 0.0  # tuning seconds so far (in earlier processes too, after a resume)
+        self.samples_tuning = 0
+        self.written: str | None = None
+        self._probe: Probe | None = None
+        self._loader = None  # the DataLoader of ``current``, while it lives
+        self._since = 0.0  # when the current setting's measurement began
+        self._loader_setting: Setting | None = None
+        self._epoch_from = 0.0  # when this epoch's pass began
+        self._resuming = False  # a state was loaded: the next pass goes on mid-epoch
+
+    # -- what a loop uses ----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches an epoch (as the DataLoader says it)."""
+        if self.stream:
+            return len(self._stream_loader(self.current))
+        if self.batch_sampler is not None:
+            return len(self.batch_sampler)
+        n = len(self.sampler) if self.sampler is not None else len(self.dataset)
+        n = self._sharded_len(n)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._epoch()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next pass is (its shuffle); each pass moves on one by itself."""
+        if epoch != self.epoch:
+            self.epoch, self._pos, self._resuming = epoch, 0, False
+
+    @property
+    def num_workers(self) -> int:
+        return self.current.num_workers
+
+    def report(self) -> dict:
+        """What it tried, what each measured, and what it chose."""
+        return {
+            "budget_s": self.budget_s,
+            "seconds": round(self.spent_s, 2),
+            "samples_while_tuning": self.samples_tuning,
+            "start": self.climb.start.as_dict(),
+            "tried": [_figure_dict(f) for f in self.figures],
+            "chosen": self.choice.setting.as_dict() if self.choice else None,
+            "reason": self.choice.reason if self.choice else "still tuning",
+            "preset": self.written,
+        }
+
+    def state_dict(self) -> dict:
+        return {
+            "epoch": self.epoch,
+            "batches": self._pos,
+            "seed": self.seed,
+            "figures": [_figure_dict(f) for f in self.figures],
+            "current": self.current.as_dict(),
+            "choice": None if self.choice is None else _choice_dict(self.choice),
+            "spent_s": self.spent_s,
+            "samples_while_tuning": self.samples_tuning,
+            "written": self.written,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("seed", self.seed) != self.seed:
+            raise ConfigError(
+                f"the state was saved with seed={state['seed']}, this loader has"
+                f" seed={self.seed}: its epochs would be shuffled otherwise;"
+                f" pass seed={state['seed']}"
+            )
+        self.close()
+        self.epoch, self._pos = int(state["epoch"]), int(state["batches"])
+        self._resuming = True
+        self.figures = [_figure(f) for f in state["figures"]]
+        self.current = Setting(**state["current"])
+        self.choice = _choice(state["choice"]) if state["choice"] else None
+        self.tuning = self.choice is None
+        self.spent_s = float(state["spent_s"])
+        self.samples_tuning = int(state["samples_while_tuning"])
+        self.written = state.get("written")
+
+    def close(self) -> None:
+        """End the workers now (they also end with the loader)."""
+        if self._loader is not None:
+            _end_workers(self._loader)
+            self._loader = None
+
+    # -- an epoch ------------------------------------------------------------------------
+
+    def _epoch(self) -> Iterator[Any]:
+        self._epoch_from = self.clock()
+        self._plan.batches = [] if self.stream else self._batches(self.epoch)
+        if not self._resuming:
+            self._pos = 0
+        self._resuming = False
+        try:
+            while True:
+                switched = yield from self._run(self.current)
+                if not switched or (not self.stream and self._pos >= len(self._plan.batches)):
+                    break
+            if self.stream and self.tuning and self._probe is not None and self._probe.done:
+                self._next_setting()  # a stream switches at its epoch's end
+        finally:  # the epoch ended, or the loop left it (a new pass starts the next one)
+            if self.tuning:
+                self.spent_s += self.clock() - self._epoch_from
+                if self._probe is not None:
+                    self._probe.pause()  # the epoch's end and restart are not measured
+            if not self.persistent or self._pos < len(self._plan.batches):
+                self.close()
+            self.epoch, self._pos = self.epoch + 1, 0
+
+    def _run(self, setting: Setting) -> Iterator[Any]:
+        """Batches from ``setting``'s loader until the epoch ends (False) or the tuning
+        switches to another setting (True)."""
+        loader = self._loader_for(setting)
+        self._plan.start = self._pos
+        failure = None
+        try:
+            batches = iter(loader)
+        except Exception as exc:  # noqa: BLE001 - named by _loader_failure, else raised
+            failure = _loader_failure(exc, setting == self.climb.start)
+        while failure is None:
+            asked = self.clock()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return False
+            except Exception as exc:  # noqa: BLE001 - as above
+                failure = _loader_failure(exc, setting == self.climb.start)
+                break
+            waited = self.clock() - asked
+            samples = self._samples(batch)
+            self._pos += 1
+            if self.tuning:
+                self.samples_tuning += samples * self.ranks.world_size
+                if self._probe is not None:
+                    self._probe.took(waited, samples)
+            yield batch
+            if self.tuning and not self.stream and self.ranks.agree(self._probe_done()):
+                if self._next_setting():
+                    return True
+        _end_workers(loader, kill=True)
+        self._loader = None
+        self._failed(failure)
+        return True
+
+    def _probe_done(self) -> bool:
+        return self._probe is not None and self._probe.done
+
+    def _loader_for(self, setting: Setting):
+        if self._loader is not None and self._loader_setting == setting:
+            return self._loader
+        self.close()
+        if self.tuning and self._probe is None:
+            self._start_probe(setting)
+        self._loader = self.make_loader(self, setting)
+        self._loader_setting = setting
+        return self._loader
+
+    def _start_probe(self, setting: Setting) -> None:
+        best = Climb.best(self.figures)
+        self._probe = Probe(
+            setting,
+            window_s=self.window_s,
+            best=best.samples_per_sec if best else None,
+            clock=self.clock,
+            cpu=self.cpu,
+        )
+        self._since = self.clock()
+        if not self.figures and self.ranks.is_main:
+            log.info(
+                "autotune_loader: tuning for up to %.0f s while training; %s first",
+                self.budget_s - self.spent_s,
+                setting.describe(),
+            )
+
+    # -- the decisions (rank 0's; every rank takes them at the same step) ------------------
+
+    def _next_setting(self) -> bool:
+        """The current setting's measurement is over: record it and pick the next. True:
+        another setting's loader takes over from here."""
+        probe, self._probe = self._probe, None
+        figure = probe.figure(self.clock() - self._since)
+        return self._after(figure)
+
+    def _failed(self, reason: str) -> None:
+        figure = Figure(self.current, None, seconds=self.clock() - self._since, failed=reason)
+        self._probe = None
+        if self.ranks.is_main:
+            log.warning("autotune_loader: %s failed: %s", self.current.describe(), reason)
+        if not self.tuning:
+            raise RuntimeError(f"the loader failed after tuning: {reason}")
+        self._after(figure)
+
+    def _after(self, figure: Figure) -> bool:
+        self.figures.append(figure)
+        if self.ranks.is_main:
+            log.info("autotune_loader: %s", _figure_line(figure))
+        left = self.budget_s - self._spent_now()
+        nxt = self.climb.next(self.figures, left) if self.ranks.is_main else None
+        decision = self.ranks.share(None if nxt is None else nxt.as_dict())
+        if decision is not None:
+            self.current = Setting(**decision)
+            self._start_probe(self.current)
+            return True
+        choice = self.climb.choose(self.figures) if self.ranks.is_main else None
+        self.choice = _choice(self.ranks.share(None if choice is None else _choice_dict(choice)))
+        self.spent_s, self.tuning = self._spent_now(), False
+        if self.ranks.is_main:
+            log.info(
+                "autotune_loader chose %s: %s", self.choice.setting.describe(), self.choice.reason
+            )
+            if self.preset is not None and self.choice.beats_start:
+                self.written = self.preset.write(self.choice, self.figures)
+        switch = self.choice.setting != self.current
+        self.current = self.choice.setting
+        return switch
+
+    def _spent_now(self) -> float:
+        """Tuning seconds so far: the epochs before, and this one up to now."""
+        return self.spent_s + self.clock() - self._epoch_from
+
+    # -- the batches ---------------------------------------------------------------------
+
+    def _batches(self, epoch: int) -> list[list[int]]:
+        """This epoch's batches of indices, the same in every process and after a resume."""
+        if self.batch_sampler is not None:
+            _set_epoch(self.batch_sampler, epoch)
+            return [list(b) for b in self.batch_sampler]
+        order = self.sampler
+        if order is None and self.ranks.enabled:
+            from torch.utils.data import DistributedSampler
+
+            order = self._distributed = getattr(self, "_distributed", None) or DistributedSampler(
+                self.dataset, shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last
+            )
+        if order is not None:
+            _set_epoch(order, epoch)
+            indices = list(order)
+        elif self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            indices = torch.randperm(len(self.dataset), generator=g).tolist()
+        else:
+            indices = list(range(len(self.dataset)))
+        return [list(b) for b in BatchSampler(indices, self.batch_size, self.drop_last)]
+
+    def _sharded_len(self, n: int) -> int:
+        if self.sampler is None and self.ranks.enabled:
+            w = self.ranks.world_size
+            return n // w if self.drop_last else math.ceil(n / w)
+        return n
+
+    def _samples(self, batch: Any) -> int:
+        if not self.stream:
+            return len(self._plan.batches[self._pos])
+        return _batch_len(batch) or self.batch_size
+
+    def _workload(self) -> dict:
+        """What a preset records of the data it was measured on."""
+        kind = type(self.dataset)
+        try:
+            length = len(self.dataset)
+        except TypeError:
+            length = None
+        return {
+            "dataset": {"target": f"{kind.__module__}.{kind.__qualname__}", "length": length},
+            "batch_size": self.batch_size,
+            "ranks_per_node": self.ranks.local_world_size,
+        }
+
+    def _stream_loader(self, setting: Setting):
+        return self.make_loader(self, setting)
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def cores_start(cores: float) -> int:
+    """The workers a loader starts from when it is given none: one a core."""
+    return max(1, int(cores))
+
+
+def _usable_cores() -> float:
+    from feedrate.hardware import usable_cores
+
+    return usable_cores()
+
+
+def _build(tl: TuningLoader, setting: Setting):
+    """The DataLoader of ``setting``: the tuning loader's dataset, batches and arguments.
+    Its workers' seeds differ by where it starts, so a loader built mid-epoch does not draw
+    the first one's augmentations again."""
+    from feedrate.loader import _Loader
+
+    args = dict(tl.loader_args)
+    if setting.num_workers:
+        args.update(
+            num_workers=setting.num_workers,
+            prefetch_factor=setting.prefetch_factor,
+            persistent_workers=tl.persistent,
+            multiprocessing_context=tl.context,
+        )
+    seed = (tl.seed * 1_000_003 + tl.epoch * 10_007 + tl._pos) % 2**63
+    generator = torch.Generator().manual_seed(seed)
+    if tl.stream:
+        return _Loader(
+            tl.dataset,
+            batch_size=tl.batch_size,
+            drop_last=tl.drop_last,
+            generator=generator,
+            **args,
+        )
+    return _Loader(tl.dataset, batch_sampler=tl._plan, generator=generator, **args)
+
+
+def _end_workers(loader: Any, kill: bool = False) -> None:
+    end = getattr(loader, "end_workers", None)
+    if end is not None:
+        end(kill=kill)
+
+
+# A candidate's loader that fails in these ways is dropped and the tuning goes on; any other
+# error (the dataset's own, the collate function's) is the loop's to see
+_LOADER_FAILURES = ("exited unexpectedly", "killed by signal", "DataLoader timed out")
+
+
+def _loader_failure(exc: Exception, is_start: bool) -> str:
+    """Why a setting's loader failed, where the setting is to blame; else ``exc`` again."""
+    message = str(exc).strip()
+    ours = isinstance(exc, RuntimeError) and any(m in message for m in _LOADER_FAILURES)
+    ours = ours or (isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENOMEM))
+    if not ours or is_start:
+        raise exc
+    first = (message.splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}"
+
+
+def _batch_len(batch: Any) -> int | None:
+    """Samples in a batch of any structure the collate function makes: its first tensor's."""
+    if isinstance(batch, torch.Tensor):
+        return len(batch) if batch.dim() else None
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for part in batch:
+            n = _batch_len(part)
+            if n is not None:
+                return n
+    return None
+
+
+def _set_epoch(sampler: Any, epoch: int) -> None:
+    for s in (sampler, getattr(sampler, "sampler", None)):
+        if hasattr(s, "set_epoch"):
+            s.set_epoch(epoch)
+
+
+def _check_args(batch_size, shuffle, sampler, batch_sampler, drop_last, budget_s, max_workers):
+    problems = []
+    if batch_sampler is not None and (batch_size != 1 or shuffle or sampler or drop_last):
+        problems.append(
+            "batch_sampler is mutually exclusive with batch_size, shuffle, sampler and"
+            " drop_last (as in the DataLoader)"
+        )
+    if sampler is not None and shuffle:
+        problems.append("sampler and shuffle=True: the sampler orders the samples, pass one")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        problems.append(f"batch_size={batch_size!r} must be a positive integer")
+    if budget_s is None or budget_s < 0:
+        problems.append(f"budget_s={budget_s!r} must be at least 0 (0: no tuning)")
+    if max_workers is not None and max_workers < 1:
+        problems.append(f"max_workers={max_workers!r} must be at least 1, or None")
+    if problems:
+        raise ConfigError("autotune_loader: " + "; ".join(problems))
+
+
+def _figure_dict(f: Figure) -> dict:
+    out = {k: getattr(f, k) for k in Figure.__dataclass_fields__ if k != "setting"}
+    return {"setting": f.setting.as_dict(), **out}
+
+
+def _figure(d: dict) -> Figure:
+    return Figure(**{**d, "setting": Setting(**d["setting"])})
+
+
+def _choice_dict(c: Choice) -> dict:
+    return {"setting": c.setting.as_dict(), "reason": c.reason, "beats_start": c.beats_start}
+
+
+def _choice(d: dict) -> Choice:
+    return Choice(Setting(**d["setting"]), d["reason"], d["beats_start"])
+
+
+def _figure_line(f: Figure) -> str:
+    if f.failed:
+        return f"{f.setting.describe()} failed: {f.failed}"
+    rate = "no figure" if f.samples_per_sec is None else f"{f.samples_per_sec:,.1f} samples/s"
+    left = "; left: slower than the best" if f.left_early else ""
+    return (
+        f"{f.setting.describe()} -> {rate}, data wait {f.data_wait_frac:.0%},"
+        f" cores busy {f.cpu_busy_frac:.0%} ({f.seconds:.1f} s){left}"
+    )

@@ -1,0 +1,216 @@
+"""Where to go next: a pure function of what was measured (docs/design.md, "The tuning loader").
+
+Figures, seconds left and the machine go in; the next setting comes out. Nothing here reads
+a clock, the cores or a loader, so a test drives a whole search on simulated rates.
+
+The climb follows the figures. A loader whose consumer waits for data is too narrow: the
+next setting has the workers the wait points at (the compute-bound rate over the measured
+one, ``1 / (1 - data_wait_frac)``), at most ``MAX_STEP`` times as many, fewer where the cores
+are already busy. A wider setting measured slower ends the widening; the climb then tries
+between the two, and a deeper queue. A loader whose consumer barely waits is wide enough:
+where the cores are busy, half its workers is tried, as workers and the training step then
+compete for the cores.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+MAX_STEP = 4.0  # the most a step multiplies the workers by
+DEEPEST_PREFETCH = 8
+WAIT_HIGH = 0.10  # above: the consumer waits for data (input-bound)
+BUSY = 0.90  # of the cores: no room for more workers doing CPU work
+GAIN = 0.10  # a choice other than the start must measure this much faster
+PER_WORKER_S = 0.02  # start-up a worker adds, at least (a fork, and its first batch queued)
+
+
+def worker_bound(cores: float) -> int:
+    """The most workers a setting may have: not the core count. A worker blocked on storage
+    or network latency holds no core, so latency-bound data scales far past the cores."""
+    return int(min(256, max(64, 8 * cores)))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One loader setting: the DataLoader's own arguments that the tuner turns."""
+
+    num_workers: int
+    prefetch_factor: int | None = None  # None: PyTorch's 2 (and none without workers)
+
+    @property
+    def depth(self) -> int:
+        return self.prefetch_factor or 2
+
+    def describe(self) -> str:
+        if not self.num_workers:
+            return "num_workers=0"
+        return f"num_workers={self.num_workers}, prefetch_factor={self.depth}"
+
+    def as_dict(self) -> dict:
+        return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """What measuring one setting gave."""
+
+    setting: Setting
+    samples_per_sec: float | None  # None: nothing measured (it failed, or the time ran out)
+    data_wait_frac: float = 0.0  # of its window, spent waiting inside __next__
+    cpu_busy_frac: float = 0.0  # of the machine's cores, busy over its window
+    seconds: float = 0.0  # what measuring it took, its start-up included
+    startup_s: float = 0.0  # from building its loader to its first batch
+    left_early: bool = False  # measured slower than the best and left at once
+    failed: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.samples_per_sec is not None and not self.failed
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the policy knows of the machine: its cores and the most workers a setting may
+    have (the memory, shared memory and descriptors a wider loader would need)."""
+
+    cores: float
+    max_workers: int
+
+
+@dataclass(frozen=True)
+class Choice:
+    setting: Setting
+    reason: str
+    beats_start: bool  # measured at least GAIN faster than the start: worth a preset
+
+
+class Climb:
+    """The search: :meth:`next` after each figure, :meth:`choose` at the end."""
+
+    def __init__(
+        self,
+        start: Setting,
+        machine: Machine,
+        *,
+        window_s: float,
+        wait_high: float = WAIT_HIGH,
+        gain: float = GAIN,
+        recorded: float | None = None,
+    ) -> None:
+        self.start, self.machine, self.window_s = start, machine, window_s
+        self.wait_high, self.gain = wait_high, gain
+        # the start is a preset measured here at this rate: checked, not searched again
+        self.recorded = recorded
+
+    def next(self, figures: list[Figure], seconds_left: float) -> Setting | None:
+        """The next setting to measure, or None: the search is over."""
+        best = self.best(figures)
+        if best is None or self._confirmed(figures):
+            return None
+        tried = {f.setting for f in figures}
+        for setting in self._moves(best, figures):
+            if setting in tried:
+                continue
+            if self.predicted_seconds(setting, figures) > seconds_left:
+                return None  # a step that would not finish trains slower settings for nothing
+            return setting
+        return None
+
+    def _moves(self, best: Figure, figures: list[Figure]) -> list[Setting]:
+        """Where the figures point, in order; those tried already are passed over."""
+        here, cap = best.setting, self.machine.max_workers
+        if best.data_wait_frac < self.wait_high:
+            narrower = replace(here, num_workers=here.num_workers // 2)
+            if here.num_workers >= 2 and best.cpu_busy_frac >= BUSY:
+                return [_valid(narrower)]
+            return []
+        wider = [
+            f.setting
+            for f in figures
+            if f.setting.num_workers > here.num_workers and f.setting.depth == here.depth
+        ]
+        moves = []
+        if not wider and here.num_workers < cap:
+            moves.append(replace(here, num_workers=self._wider(best)))
+        elif wider:  # the widening measured slower: between the two
+            above = min(s.num_workers for s in wider)
+            mid = round(math.sqrt(max(here.num_workers, 1) * above))
+            if here.num_workers < mid < above:
+                moves.append(replace(here, num_workers=mid))
+        if here.num_workers and here.depth < DEEPEST_PREFETCH:
+            deeper = min(DEEPEST_PREFETCH, 4 * here.depth)
+            moves.append(replace(here, prefetch_factor=deeper))
+        return [_valid(m) for m in moves]
+
+    def _wider(self, best: Figure) -> int:
+        """The workers the wait points at: enough to feed the consumer at its compute-bound
+        rate, a step of 2 to ``MAX_STEP`` (1.5 where the cores are busy), within the cap."""
+        here = max(best.setting.num_workers, 1)
+        wanted = 1 / max(1 - best.data_wait_frac, 1e-3)
+        step = 1.5 if best.cpu_busy_frac >= BUSY else min(MAX_STEP, max(2.0, wanted))
+        if not best.setting.num_workers:  # from the main process to workers
+            step = max(step, 2.0)
+        return min(self.machine.max_workers, max(here + 1, math.ceil(here * step)))
+
+    def predicted_seconds(self, setting: Setting, figures: list[Figure]) -> float:
+        """What measuring ``setting`` would take: its window, its warm-up (at most a window)
+        and its start-up, a line through the start-ups measured (a fixed part, the first
+        batch's own time among it, and a part that grows with the workers)."""
+        known = [(f.setting.num_workers, f.startup_s) for f in figures if f.startup_s > 0]
+        slope = PER_WORKER_S
+        if len({n for n, _ in known}) >= 2:
+            mean_n = sum(n for n, _ in known) / len(known)
+            mean_s = sum(s for _, s in known) / len(known)
+            spread = sum((n - mean_n) ** 2 for n, _ in known)
+            slope = max(slope, sum((n - mean_n) * (s - mean_s) for n, s in known) / spread)
+        fixed = min((s - slope * n for n, s in known), default=0.0)
+        return 2 * self.window_s + max(fixed, 0.0) + slope * setting.num_workers
+
+    def _confirmed(self, figures: list[Figure]) -> bool:
+        """The start is a preset measured here, and it still reads within ``gain`` of that."""
+        first = figures[0] if figures else None
+        return bool(
+            self.recorded
+            and first is not None
+            and first.setting == self.start
+            and first.ok
+            and first.samples_per_sec >= (1 - self.gain) * self.recorded
+        )
+
+    @staticmethod
+    def best(figures: list[Figure]) -> Figure | None:
+        measured = [f for f in figures if f.ok and not f.left_early]
+        return max(measured, key=lambda f: f.samples_per_sec, default=None)
+
+    def choose(self, figures: list[Figure]) -> Choice:
+        """The fastest measured; the start unless another measured ``gain`` faster."""
+        best = self.best(figures)
+        start = next((f for f in figures if f.setting == self.start and f.ok), None)
+        if best is None:
+            failed = "; ".join(f"{f.setting.describe()}: {f.failed}" for f in figures if f.failed)
+            return Choice(self.start, f"nothing measured ({failed or 'no figure'})", False)
+        if start is None:
+            return Choice(best.setting, "the fastest measured (the start has no figure)", True)
+        if self._confirmed(figures):
+            return Choice(
+                self.start,
+                f"the preset holds: {start.samples_per_sec:,.1f} samples/s, within"
+                f" {self.gain:.0%} of the {self.recorded:,.1f} it records",
+                False,
+            )
+        ratio = best.samples_per_sec / start.samples_per_sec
+        if best.setting == self.start or ratio < 1 + self.gain:
+            return Choice(
+                self.start,
+                f"the start: no setting measured {self.gain:.0%} faster (best {ratio:.2f}x)",
+                False,
+            )
+        return Choice(best.setting, f"the fastest measured, {ratio:.2f}x the start", True)
+
+
+def _valid(setting: Setting) -> Setting:
+    """No prefetch without workers (the DataLoader refuses one)."""
+    if not setting.num_workers:
+        return Setting(0, None)
+    return setting

@@ -1,0 +1,140 @@
+"""Measuring one setting from what the consumer pulls: the rate at which batches are taken and
+the time spent waiting inside ``__next__``. Its clock is passed in (docs/design.md, "The
+tuning loader").
+
+A new loader first delivers what its workers queued while they started, at compute speed: the
+window opens once that backlog is eaten, which the first real wait shows (a consumer that
+waits has nothing queued), or after ``workers x prefetch_factor`` batches, or after a
+window's length, whichever comes first. The window is bounded in seconds, not steps, so a
+slow setting costs no more time than a fast one, and one clearly slower than the best so far
+is left at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from feedrate.tuning.policy import Figure, Setting
+
+LEAVE_BELOW = 0.8  # of the best rate: a setting this much slower is left
+MIN_BATCHES = 4  # a window holds at least this many, if its time allows
+LONGEST = 3.0  # a window that has not seen MIN_BATCHES ends at this many of its lengths
+
+
+@dataclass
+class _Tally:
+    seconds: float = 0.0
+    samples: int = 0
+    batches: int = 0
+    waited: float = 0.0
+
+
+class Probe:
+    """One setting's measurement: :meth:`took` after every batch; :attr:`done` when over."""
+
+    def __init__(
+        self,
+        setting: Setting,
+        *,
+        window_s: float,
+        best: float | None,
+        clock: Callable[[], float],
+        cpu: Callable[[], tuple[float, float]] | None = None,
+    ) -> None:
+        self.setting, self.window_s, self.best = setting, window_s, best
+        self.clock, self.cpu = clock, cpu
+        self.began = clock()
+        self.startup_s: float | None = None  # building its loader to its first batch
+        self.warm_from: float | None = None  # the first batch of this loader
+        self.warm_batches = 0
+        self.window_from: float | None = None  # the window's opening (this epoch's part)
+        self.open = _Tally()  # the window's part in this epoch
+        self.held = _Tally()  # its parts in epochs before (it pauses at each epoch end)
+        self.cpu_at: tuple[float, float] | None = None
+        self.cpu_busy = 0.0
+        self.done = False
+        self.left_early = False
+
+    @property
+    def backlog(self) -> int:
+        return self.setting.num_workers * self.setting.depth
+
+    def took(self, waited: float, samples: int) -> None:
+        """A batch of ``samples`` arrived after the consumer waited ``waited`` seconds for it."""
+        if self.done:
+            return
+        now = self.clock()
+        if self.warm_from is None:
+            if self.startup_s is None:
+                self.startup_s = now - self.began
+            self.warm_from = now
+            return
+        if self.window_from is None:
+            self._warming(now, waited)
+            return
+        w = self.open
+        w.samples, w.batches, w.waited = w.samples + samples, w.batches + 1, w.waited + waited
+        w.seconds = now - self.window_from
+        self._check(now)
+
+    def _warming(self, now: float, waited: float) -> None:
+        mean = (now - self.warm_from) / self.warm_batches if self.warm_batches else 0.0
+        drained = self.warm_batches >= 1 and waited > 0.25 * max(mean, 1e-3)  # nothing queued
+        self.warm_batches += 1
+        if drained or self.warm_batches >= self.backlog or now - self.warm_from >= self.window_s:
+            self.window_from = now
+            self.cpu_at = self.cpu() if self.cpu is not None else None
+
+    def _check(self, now: float) -> None:
+        total = self._total()
+        enough = total.batches >= MIN_BATCHES
+        if (total.seconds >= self.window_s and enough) or total.seconds >= LONGEST * self.window_s:
+            self._end()
+        elif self.best and total.seconds >= self.window_s / 2 and enough:
+            if total.samples / total.seconds < LEAVE_BELOW * self.best:
+                self._end(left_early=True)
+
+    def _total(self) -> _Tally:
+        h, w = self.held, self.open
+        return _Tally(
+            h.seconds + w.seconds, h.samples + w.samples, h.batches + w.batches, h.waited + w.waited
+        )
+
+    def pause(self) -> None:
+        """The epoch ended: the window so far is held, and the next loader warms up again
+        (an epoch's end and its restart are not the setting's steady state)."""
+        if self.window_from is not None:
+            self.held = self._total()
+            self._busy()
+        self.open = _Tally()
+        self.window_from = self.warm_from = None
+        self.warm_batches = 0
+        self.began = self.clock()
+
+    def _busy(self) -> None:
+        if self.cpu is not None and self.cpu_at is not None:
+            busy, total = (b - a for a, b in zip(self.cpu_at, self.cpu(), strict=True))
+            self.cpu_busy = max(self.cpu_busy, busy / total if total > 0 else 0.0)
+            self.cpu_at = None
+
+    def _end(self, left_early: bool = False) -> None:
+        self.pause()
+        self.done, self.left_early = True, left_early
+
+    def figure(self, seconds: float, failed: str = "") -> Figure:
+        """What was measured; ``seconds``: what the setting cost, its start-up included."""
+        if not self.done:
+            self.pause()  # cut: what its window saw so far
+        t = self.held
+        rate = t.samples / t.seconds if t.seconds > 0 and t.samples else None
+        return Figure(
+            setting=self.setting,
+            samples_per_sec=None if failed else rate,
+            data_wait_frac=t.waited / t.seconds if t.seconds > 0 else 0.0,
+            cpu_busy_frac=self.cpu_busy,
+            seconds=seconds,
+            startup_s=self.startup_s or 0.0,
+            left_early=self.left_early,
+            failed=failed,
+        )
