@@ -133,10 +133,10 @@ class Climb:
         moves = []
         if not wider and here.num_workers < cap:
             moves.append(replace(here, num_workers=self._wider(best)))
-        elif wider:  # the widening measured slower: between the two
+        elif wider:  # the widening measured slower: between the two, while they are far apart
             above = min(s.num_workers for s in wider)
             mid = round(math.sqrt(max(here.num_workers, 1) * above))
-            if here.num_workers < mid < above:
+            if here.num_workers < mid < above and above >= 3 * max(here.num_workers, 1):
                 moves.append(replace(here, num_workers=mid))
         if here.num_workers and here.depth < DEEPEST_PREFETCH:
             deeper = min(DEEPEST_PREFETCH, 4 * here.depth)

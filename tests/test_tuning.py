@@ -1,0 +1,315 @@
+"""The tuning loader and its policy: searches driven on simulated rates in the same process,
+and real DataLoaders switched mid-epoch with every sample yielded once an epoch."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+import feedrate
+from feedrate.errors import ConfigError
+from feedrate.tuning.policy import Climb, Figure, Machine, Setting
+from feedrate.tuning.probe import Probe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- the policy, on simulated rates ------------------------------------------------------------
+
+
+def latency_bound(setting: Setting, cores: float = 2.0) -> tuple[float, float, float]:
+    """(samples/s, data wait, cores busy) of a loader whose reads wait 20 ms each and cost
+    0.5 ms of CPU, feeding a step that could take 4,000 samples/s."""
+    compute, per_worker, cpu_s = 4000.0, 50.0 * (1 + 0.1 * (setting.depth > 2)), 0.0005
+    rate = min(compute, max(setting.num_workers, 0.5) * per_worker, cores / cpu_s)
+    return rate, 1 - rate / compute, min(1.0, rate * cpu_s / cores + 0.05)
+
+
+def cpu_bound(setting: Setting, cores: float = 2.0) -> tuple[float, float, float]:
+    """Decoding that takes 10 ms of CPU a sample: 200 samples/s a core, whatever the workers
+    (a step of 1,000 samples/s shares the cores)."""
+    rate = min(1000.0, 200.0 * min(max(setting.num_workers, 1), cores))
+    return rate, 1 - rate / 1000.0, 1.0
+
+
+def search(model, start: Setting, budget_s: float, window_s: float, recorded=None):
+    """Drive a climb to its end on ``model``'s rates; what it measured and chose."""
+    climb = Climb(start, Machine(2.0, 64), window_s=window_s, recorded=recorded)
+    figures, spent, setting = [], 0.0, start
+    while setting is not None:
+        rate, wait, busy = model(setting)
+        startup = 0.2 + 0.03 * setting.num_workers
+        seconds = startup + 2 * window_s
+        figures.append(Figure(setting, rate, wait, busy, seconds, startup))
+        spent += seconds
+        setting = climb.next(figures, budget_s - spent)
+    return figures, climb.choose(figures), spent
+
+
+def grid_best(model) -> float:
+    return max(model(Setting(n, d))[0] for n in (1, 2, 4, 8, 16, 32, 64) for d in (2, 8))
+
+
+@pytest.mark.parametrize("budget_s", [20.0, 30.0, 60.0])
+def test_latency_bound_climb_reaches_the_grid_best_within_the_budget(budget_s):
+    figures, choice, spent = search(latency_bound, Setting(4), budget_s, window_s=budget_s / 12)
+    assert spent <= budget_s
+    assert latency_bound(choice.setting)[0] >= 0.9 * grid_best(latency_bound)
+    assert choice.beats_start
+    # it went where the wait pointed, in steps of up to 4x, not one worker at a time
+    assert [f.setting.num_workers for f in figures][:3] == [4, 16, 64]
+
+
+def test_cpu_bound_keeps_the_start_and_says_why():
+    figures, choice, _ = search(cpu_bound, Setting(4), 60.0, window_s=3.0)
+    assert choice.setting == Setting(4) and not choice.beats_start
+    assert "no setting measured 10% faster" in choice.reason
+    assert max(f.setting.num_workers for f in figures) <= 6  # busy cores: no wide steps
+
+
+def test_a_step_that_does_not_fit_the_time_left_ends_the_search():
+    climb = Climb(Setting(4), Machine(2.0, 64), window_s=1.0)
+    first = Figure(Setting(4), 200.0, 0.95, 0.1, 3.0, startup_s=1.0)
+    assert climb.next([first], seconds_left=60.0) == Setting(16)
+    assert climb.next([first], seconds_left=2.5) is None
+
+
+def test_a_wider_setting_measured_slower_is_bisected_then_deepened():
+    climb = Climb(Setting(4), Machine(2.0, 64), window_s=1.0)
+    figures = [
+        Figure(Setting(4), 200.0, 0.95, 0.1, 3.0, 0.5),
+        Figure(Setting(16), 150.0, 0.97, 0.3, 3.0, 0.8, left_early=True),
+    ]
+    assert climb.next(figures, 60.0) == Setting(8)
+    figures.append(Figure(Setting(8), 190.0, 0.95, 0.2, 3.0, 0.6))
+    assert climb.next(figures, 60.0) == Setting(4, 8)
+
+
+def test_a_preset_that_still_holds_is_checked_not_searched():
+    figures, choice, _ = search(latency_bound, Setting(64, 8), 60.0, 3.0, recorded=3900.0)
+    assert len(figures) == 1 and choice.setting == Setting(64, 8) and not choice.beats_start
+    assert "the preset holds" in choice.reason
+    figures, choice, _ = search(latency_bound, Setting(4), 60.0, 3.0, recorded=3900.0)
+    assert len(figures) > 1  # it no longer reads what it recorded: searched again
+
+
+# -- one setting's measurement, on a fake clock ----------------------------------------------
+
+
+class Ticks:
+    """A clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_window_is_bounded_in_seconds_not_steps():
+    clock = Ticks()
+    probe = Probe(Setting(8, 8), window_s=2.0, best=None, clock=clock)
+    clock.now = 1.0
+    probe.took(1.0, 64)  # the first batch: start-up
+    steps = 0
+    while not probe.done:  # a slow setting: a batch every 0.5 s, all of it waited for
+        clock.now += 0.5
+        probe.took(0.5, 64)
+        steps += 1
+    figure = probe.figure(seconds=clock.now)
+    assert clock.now <= 1.0 + 0.5 + 2.0 + 0.5  # warm-up ended at the first real wait
+    assert figure.samples_per_sec == pytest.approx(128.0)
+    assert figure.data_wait_frac == pytest.approx(1.0)
+    assert figure.startup_s == 1.0 and steps < 8 * 8  # not the backlog of 64 batches
+
+
+def test_a_setting_measured_slower_than_the_best_is_left_at_once():
+    clock = Ticks()
+    probe = Probe(Setting(2), window_s=4.0, best=1000.0, clock=clock)
+    probe.took(0.0, 10)
+    while not probe.done:
+        clock.now += 0.1
+        probe.took(0.09, 10)  # 100 samples/s
+    assert probe.left_early and clock.now <= 2.5  # half a window, not the whole
+    assert probe.figure(seconds=clock.now).left_early
+
+
+# -- the loader, with real DataLoaders ---------------------------------------------------------
+
+
+class Indices(Dataset):
+    """Sample i is i; a worker of a loader with ``die_from`` workers or more exits at once."""
+
+    def __init__(self, n: int = 240, die_from: int | None = None, bad: int | None = None) -> None:
+        self.n, self.die_from, self.bad = n, die_from, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        info = get_worker_info()
+        if self.die_from and info is not None and info.num_workers >= self.die_from:
+            os._exit(3)
+        if i == self.bad:
+            raise ValueError(f"sample {i} is corrupt")
+        return torch.tensor(i)
+
+
+class Stepping:
+    """A clock that moves at every reading, less the more workers the loader has: each
+    setting's window closes in a few batches, so a short epoch sees several switches, and a
+    wider setting reads faster."""
+
+    def __init__(self) -> None:
+        self.now, self.loader = 0.0, None
+
+    def __call__(self) -> float:
+        workers = self.loader.current.num_workers if self.loader is not None else 0
+        self.now += 0.06 / (1 + workers)
+        return self.now
+
+
+def tuning_loader(dataset, **kwargs):
+    args = dict(batch_size=4, shuffle=True, num_workers=0, budget_s=12.0, max_workers=4)
+    args.update(kwargs)
+    clock = Stepping()
+    loader = feedrate.autotune_loader(dataset, clock=clock, cpu=None, **args)
+    clock.loader = loader
+    return loader
+
+
+def epoch_of(loader, stop_after: int | None = None) -> list[int]:
+    seen = []
+    for batch in itertools.islice(loader, stop_after):
+        seen += batch.tolist()
+    return seen
+
+
+def test_every_sample_once_an_epoch_across_switches():
+    loader = tuning_loader(Indices(240))
+    first, second = epoch_of(loader), epoch_of(loader)
+    assert sorted(first) == sorted(second) == list(range(240))
+    assert first != second  # each epoch its own shuffle
+    tried = [f["setting"]["num_workers"] for f in loader.report()["tried"]]
+    assert len(tried) >= 3 and tried[:3] == [0, 2, 4]  # switched mid-epoch, wider each time
+    assert loader.report()["chosen"] is not None
+
+
+def test_a_resumed_loader_goes_on_mid_epoch_with_its_tuning():
+    loader = tuning_loader(Indices(240))
+    batches = iter(loader)
+    head = [i for _ in range(25) for i in next(batches).tolist()]
+    state = loader.state_dict()  # a checkpoint after 25 batches, taken as the loop runs
+    del batches  # the run ends there
+    assert state["batches"] == 25 and state["figures"]
+    again = tuning_loader(Indices(240))
+    again.load_state_dict(json.loads(json.dumps(state)))  # a checkpoint holds plain data
+    tail = epoch_of(again)
+    assert sorted(head + tail) == list(range(240))
+    assert again.report()["tried"][: len(state["figures"])] == state["figures"]
+    assert sorted(epoch_of(again)) == list(range(240))  # and the next epoch is whole
+
+
+def test_a_setting_whose_workers_die_is_dropped_and_nothing_is_lost(caplog):
+    loader = tuning_loader(Indices(240, die_from=4))
+    assert sorted(epoch_of(loader)) == list(range(240))
+    failed = [f for f in loader.report()["tried"] if f["failed"]]
+    assert failed and failed[0]["setting"]["num_workers"] == 4
+    assert "exited unexpectedly" in failed[0]["failed"]
+    assert loader.report()["chosen"]["num_workers"] < 4
+
+
+def test_the_datasets_own_error_reaches_the_loop():
+    loader = tuning_loader(Indices(240, bad=150))
+    with pytest.raises(ValueError, match="sample 150 is corrupt"):
+        epoch_of(loader)
+
+
+class Shards(IterableDataset):
+    """A stream that splits its samples between the workers itself."""
+
+    def __init__(self, n: int = 200) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        k, w = (info.id, info.num_workers) if info is not None else (0, 1)
+        yield from (torch.tensor(i) for i in range(k, self.n, w))
+
+
+def test_a_stream_switches_at_its_epochs_ends():
+    loader = tuning_loader(Shards(200), shuffle=False)
+    epochs = [epoch_of(loader) for _ in range(4)]
+    assert all(sorted(e) == list(range(200)) for e in epochs)
+    assert len(loader.report()["tried"]) >= 2
+
+
+def test_the_preset_is_written_only_when_the_choice_beats_the_start(tmp_path):
+    preset = tmp_path / "sensor.yaml"
+    loader = tuning_loader(Indices(240), preset=str(preset))
+    while loader.report()["chosen"] is None:
+        epoch_of(loader)
+    report = loader.report()
+    chosen, start = report["chosen"], report["start"]
+    assert chosen != start  # the clock reads wider settings faster
+    assert report["preset"] == str(preset)
+    text = preset.read_text()
+    assert "measured_on" in text and f"num_workers: {chosen['num_workers']}" in text
+    # the next run starts from it
+    again = tuning_loader(Indices(240), preset=str(preset))
+    assert again.climb.start == Setting(chosen["num_workers"], chosen["prefetch_factor"])
+
+
+def test_no_preset_when_the_start_is_kept(tmp_path):
+    preset = tmp_path / "kept.yaml"
+    loader = tuning_loader(Indices(240), preset=str(preset), budget_s=3.0)  # no tuning
+    assert sorted(epoch_of(loader)) == list(range(240))
+    assert loader.report()["chosen"] == loader.report()["start"]
+    assert not preset.exists() and loader.report()["preset"] is None
+
+
+def test_a_file_feedrate_did_not_write_is_never_replaced(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("num_workers: 3\n")
+    with pytest.raises(ConfigError, match="was not written by feedrate"):
+        tuning_loader(Indices(240), preset=str(mine))
+    assert mine.read_text() == "num_workers: 3\n"
+
+
+@pytest.mark.parametrize(
+    "kwargs, problem",
+    [
+        ({"batch_size": 0}, "batch_size=0"),
+        ({"budget_s": -1}, "budget_s=-1"),
+        ({"sampler": [0, 1], "shuffle": True}, "sampler and shuffle=True"),
+        ({"max_workers": 0}, "max_workers=0"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, problem):
+    with pytest.raises(ConfigError, match=problem.replace("(", r"\(")):
+        tuning_loader(Indices(8), **kwargs)
+
+
+# -- the example, as a user runs it ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_plain_loop_example_runs_and_tunes():
+    proc = subprocess.run(
+        [sys.executable, "examples/plain_loop.py", "--seconds", "14", "--budget-s", "8",
+         "--length", "3000", "--median-ms", "4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["samples"] > 0 and out["autotune"]["chosen"] is not None
+    assert len(out["autotune"]["tried"]) >= 2
+    assert "autotune_loader chose" in proc.stderr
