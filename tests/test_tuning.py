@@ -313,3 +313,35 @@ def test_the_plain_loop_example_runs_and_tunes():
     assert out["samples"] > 0 and out["autotune"]["chosen"] is not None
     assert len(out["autotune"]["tried"]) >= 2
     assert "autotune_loader chose" in proc.stderr
+
+
+def _rank(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        # a spawned process spawns its workers too (each imports torch): fork them here
+        loader = tuning_loader(Indices(240), multiprocessing_context="fork")
+        epochs = [epoch_of(loader) for _ in range(3)]
+        report = loader.report()
+        Path(out, f"rank{rank}.json").write_text(json.dumps({"epochs": epochs, **report}))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_ranks_take_rank_0s_word_and_share_each_epoch(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for epoch in range(3):
+        a, b = ranks[0]["epochs"][epoch], ranks[1]["epochs"][epoch]
+        assert not set(a) & set(b) and sorted(a + b) == list(range(240))
+    assert ranks[0]["tried"] == ranks[1]["tried"] and len(ranks[0]["tried"]) >= 2
+    assert ranks[0]["chosen"] == ranks[1]["chosen"]

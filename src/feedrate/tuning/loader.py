@@ -233,7 +233,7 @@ class TuningLoader:
         finally:  # the epoch ended, or the loop left it (a new pass starts the next one)
             if self.tuning:
                 self.spent_s += self.clock() - self._epoch_from
-                if self._probe is not None:
+                if self._probe is not None and not self._short_epochs():
                     self._probe.pause()  # the epoch's end and restart are not measured
             if not self.persistent or self._pos < len(self._plan.batches):
                 self.close()
@@ -263,7 +263,9 @@ class TuningLoader:
             self._pos += 1
             if self.tuning:
                 self.samples_tuning += samples * self.ranks.world_size
-                if self._probe is not None:
+                if self._probe is not None and self._in_tail():
+                    self._probe.pause()  # measured again after the next epoch's warm-up
+                elif self._probe is not None:
                     self._probe.took(waited, samples)
             yield batch
             if self.tuning and not self.stream and self.ranks.agree(self._probe_done()):
@@ -273,6 +275,20 @@ class TuningLoader:
         self._loader = None
         self._failed(failure)
         return True
+
+    def _short_epochs(self) -> bool:
+        """Epochs shorter than four of the setting's queues: there the ends and restarts are
+        much of what the loop pays, and a window goes on across them; longer ones leave their
+        ends out (their restart is a small share of an epoch)."""
+        backlog = self._probe.backlog if self._probe is not None else 0
+        return not self.stream and len(self._plan.batches) < 4 * backlog
+
+    def _in_tail(self) -> bool:
+        """The epoch's last ``num_workers x prefetch_factor`` batches: the sampler has run
+        out, and what the workers hold is eaten faster than they sustain."""
+        if self.stream or self._short_epochs():
+            return False
+        return len(self._plan.batches) - self._pos < self._probe.backlog
 
     def _probe_done(self) -> bool:
         return self._probe is not None and self._probe.done
@@ -323,6 +339,7 @@ class TuningLoader:
         self._after(figure)
 
     def _after(self, figure: Figure) -> bool:
+        figure = _figure(self.ranks.share(_figure_dict(figure)))  # rank 0's, on every rank
         self.figures.append(figure)
         if self.ranks.is_main:
             log.info("autotune_loader: %s", _figure_line(figure))
