@@ -12,7 +12,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[test,cluster,dashboard,postgres]'
+	$(PY) -m pip install -e '.[test,cluster,dashboard,postgres,integrations]'
 	touch $(STAMP)
 
 train: $(STAMP)

@@ -13,7 +13,9 @@
 #    one also builds the photos at 224 px);
 # 2. the GPU tests: pytest -m gpu (the gpu profile trains with bf16, channels_last and pinned
 #    memory; CUDA touched before fork is named);
-# 3. the loader benchmark on hardware=h200, photos at 224 px, ResNet-50 in bf16, by the same
+# 3. examples/plain_loop.py for 60 s: feedrate.autotune_loader in a plain loop, the model on
+#    the GPU (plain_loop.json: what it tried and chose, the samples trained);
+# 4. the loader benchmark on hardware=h200, photos at 224 px, ResNet-50 in bf16, by the same
 #    rules as on the CPU (make bench): a loader sweep from scratch (ceilings first, the seeds,
 #    one finalist against the baselines in 5 rounds) that writes conf/loader/$PRESET.yaml;
 #    then PyTorch's default, the recipe, a CPU-capped tuner's pick (16 workers), the tuned
@@ -55,6 +57,7 @@ if [[ "${FEEDRATE_GPU_CHECK:-}" == smoke ]]; then
     # the GPU runs' own options: no 20 s steady-state runs, no side rows
     BENCH=(--repeats 1 --seconds 0.5 --grid 2 --prefetch 2 --grid-seconds 0.5
            --steady-seconds 0 --no-side-rows)
+    LOOP=(--seconds 6 --budget-s 5 --length 2000 --median-ms 2)
     PRESET=${PRESET:-gpu_check_smoke}
     BUDGET=${FEEDRATE_GPU_BUDGET:-1100}
 elif [[ "${FEEDRATE_GPU_WORKLOAD:-gpu}" == gpu_decode ]]; then
@@ -64,6 +67,7 @@ elif [[ "${FEEDRATE_GPU_WORKLOAD:-gpu}" == gpu_decode ]]; then
                  sweep.max_workers=64)
     BENCH=(--repeats 5 --seconds 2 --grid 16 --prefetch 4 --grid-seconds 3
            --steady-seconds 0 --no-side-rows)
+    LOOP=(--seconds 60 --budget-s 30)
     PRESET=${PRESET:-h200_16core_resnet18}
     BUDGET=${FEEDRATE_GPU_BUDGET:-570}
 else
@@ -73,6 +77,7 @@ else
                  sweep.max_workers=64)
     BENCH=(--repeats 5 --seconds 2 --grid 32 --prefetch 4 --grid-seconds 3
            --steady-seconds 0 --no-side-rows)
+    LOOP=(--seconds 60 --budget-s 30)
     PRESET=${PRESET:-h200_16core}
     BUDGET=${FEEDRATE_GPU_BUDGET:-570}
 fi
@@ -80,7 +85,7 @@ left() { local s=$(( START + BUDGET - $(date +%s) )); echo $(( s > 1 ? s : 1 ));
 
 stage() { echo; echo "== $* ($(date +%H:%M:%S))"; }
 
-stage "1/3 driver and environment"
+stage "1/4 driver and environment"
 if command -v nvidia-smi >/dev/null; then nvidia-smi | tee "$OUT/nvidia-smi.txt"; fi
 "$PY" -c "import feedrate" 2>/dev/null || {
     echo "feedrate is not importable: pip install -e . (with its dependencies) first" >&2
@@ -92,7 +97,7 @@ timeout 120 "$PY" train.py "${EXTRA[@]}" trainer.max_steps=5 trainer.warmup_step
 cp "$OUT/env_run/environment.json" "$OUT/environment.json"
 "$PY" -c "import json,sys; e=json.load(open(sys.argv[1])); print(e['packages']['torch'], e['torch_cuda'], e['driver'], e['gpus'])" "$OUT/environment.json"
 
-stage "2/3 GPU tests"
+stage "2/4 GPU tests"
 status=0
 timeout 90 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests > "$OUT/gpu_tests.log" 2>&1 \
     || status=$?
@@ -101,7 +106,14 @@ if [[ $status != 0 && $status != 5 ]]; then  # 5: no test collected
     echo "GPU tests failed (status $status): see $OUT/gpu_tests.log; the benchmark still runs" >&2
 fi
 
-stage "3/3 loader benchmark (sweep, contestants, ceilings)"
+stage "3/4 a plain loop with feedrate.autotune_loader (examples/plain_loop.py)"
+# the loader tuned inside a loop of a user's own, the model on the device: what it tried,
+# what it chose, and the samples trained (the last line, JSON)
+timeout 75 "$PY" examples/plain_loop.py "${LOOP[@]}" > "$OUT/plain_loop.json" \
+    2> "$OUT/plain_loop.log" || { tail -20 "$OUT/plain_loop.log"; status=1; }
+grep "autotune_loader" "$OUT/plain_loop.log" | tail -6 || true
+
+stage "4/4 loader benchmark (sweep, contestants, ceilings)"
 # the benchmark ends its last round 20 s before the script's budget; the timeout is a backstop
 timeout "$(left)" "$PY" benchmarks/loader_bench.py --workloads "$WORKLOAD" "${BENCH[@]}" \
     --budget "$(( $(left) - 20 ))" ${FEEDRATE_GPU_SKIP_SWEEP:+--skip-sweep} \
@@ -109,5 +121,5 @@ timeout "$(left)" "$PY" benchmarks/loader_bench.py --workloads "$WORKLOAD" "${BE
     --out "$OUT" 2>&1 | tee "$OUT/bench.log"
 cp "conf/loader/$PRESET.yaml" "$OUT/"
 echo
-echo "done: $OUT (bench.json, bench.png, bench.log, runs.jsonl, environment.json, $PRESET.yaml)"
+echo "done: $OUT (bench.json, bench.png, bench.log, runs.jsonl, environment.json, $PRESET.yaml, plain_loop.json)"
 exit "$(( status == 5 ? 0 : status ))"

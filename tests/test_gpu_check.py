@@ -22,7 +22,7 @@ def test_the_gpu_check_runs_every_stage_in_smoke_mode(tmp_path):
     project = tmp_path / "project"  # a copy: the sweep writes its preset into conf/loader/
     project.mkdir()
     shutil.copy(ROOT / "train.py", project)
-    for tree in ("conf", "benchmarks", "tests"):
+    for tree in ("conf", "benchmarks", "tests", "examples"):
         shutil.copytree(ROOT / tree, project / tree, ignore=shutil.ignore_patterns("results"))
     out = tmp_path / "out"
     proc = subprocess.run(
@@ -39,8 +39,10 @@ def test_the_gpu_check_runs_every_stage_in_smoke_mode(tmp_path):
         timeout=1200,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for stage in ("1/3 driver and environment", "2/3 GPU tests", "3/3 loader benchmark"):
+    for stage in ("1/4 driver and environment", "2/4 GPU tests", "3/4 a plain loop", "4/4 loader"):
         assert stage in proc.stdout
+    loop = json.loads((out / "plain_loop.json").read_text().splitlines()[-1])
+    assert loop["samples"] > 0 and loop["autotune"]["tried"]
     bench = json.loads((out / "bench.json").read_text())
     gpu = bench["results"]["gpu"]
     assert gpu["median"]["tuned"] > 0 and gpu["ceiling"] > 0

@@ -3,21 +3,19 @@ and real DataLoaders switched mid-epoch with every sample yielded once an epoch.
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
-import feedrate
 from feedrate.errors import ConfigError
 from feedrate.tuning.policy import Climb, Figure, Machine, Setting
 from feedrate.tuning.probe import Probe
+from tests.tuning_fakes import Indices, epoch_of, tuning_loader
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -143,54 +141,6 @@ def test_a_setting_measured_slower_than_the_best_is_left_at_once():
 
 
 # -- the loader, with real DataLoaders ---------------------------------------------------------
-
-
-class Indices(Dataset):
-    """Sample i is i; a worker of a loader with ``die_from`` workers or more exits at once."""
-
-    def __init__(self, n: int = 240, die_from: int | None = None, bad: int | None = None) -> None:
-        self.n, self.die_from, self.bad = n, die_from, bad
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        info = get_worker_info()
-        if self.die_from and info is not None and info.num_workers >= self.die_from:
-            os._exit(3)
-        if i == self.bad:
-            raise ValueError(f"sample {i} is corrupt")
-        return torch.tensor(i)
-
-
-class Stepping:
-    """A clock that moves at every reading, less the more workers the loader has: each
-    setting's window closes in a few batches, so a short epoch sees several switches, and a
-    wider setting reads faster."""
-
-    def __init__(self) -> None:
-        self.now, self.loader = 0.0, None
-
-    def __call__(self) -> float:
-        workers = self.loader.current.num_workers if self.loader is not None else 0
-        self.now += 0.06 / (1 + workers)
-        return self.now
-
-
-def tuning_loader(dataset, **kwargs):
-    args = dict(batch_size=4, shuffle=True, num_workers=0, budget_s=12.0, max_workers=4)
-    args.update(kwargs)
-    clock = Stepping()
-    loader = feedrate.autotune_loader(dataset, clock=clock, cpu=None, **args)
-    clock.loader = loader
-    return loader
-
-
-def epoch_of(loader, stop_after: int | None = None) -> list[int]:
-    seen = []
-    for batch in itertools.islice(loader, stop_after):
-        seen += batch.tolist()
-    return seen
 
 
 def test_every_sample_once_an_epoch_across_switches():

@@ -20,6 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import psutil
@@ -157,9 +158,19 @@ class TuningLoader:
         return self._epoch()
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next pass is (its shuffle); each pass moves on one by itself."""
+        """The epoch the next pass is (its shuffle); each pass moves on one by itself. A
+        position set by :meth:`skip` holds in the epoch set."""
         if epoch != self.epoch:
-            self.epoch, self._pos, self._resuming = epoch, 0, False
+            self.epoch = epoch
+            self._pos = self._pos if self._resuming else 0
+
+    def skip(self, batches: int) -> None:
+        """The next pass starts ``batches`` into its epoch, none of them loaded: a loop that
+        resumes by counting the batches it trained (the Hugging Face ``Trainer``'s
+        ``get_resumed_dataloader``) instead of by :meth:`load_state_dict`."""
+        if batches < 0:
+            raise ValueError(f"skip({batches}): a number of batches, at least 0")
+        self._pos, self._resuming = batches, batches > 0
 
     @property
     def num_workers(self) -> int:
@@ -308,7 +319,7 @@ class TuningLoader:
         self._probe = Probe(
             setting,
             window_s=self.window_s,
-            best=best.samples_per_sec if best else None,
+            best=best.samples_per_sec / self.ranks.world_size if best else None,  # a rank's
             clock=self.clock,
             cpu=self.cpu,
         )
@@ -327,6 +338,8 @@ class TuningLoader:
         another setting's loader takes over from here."""
         probe, self._probe = self._probe, None
         figure = probe.figure(self.clock() - self._since)
+        if figure.samples_per_sec is not None:  # every rank's, as rank 0 runs in step with them
+            figure = replace(figure, samples_per_sec=figure.samples_per_sec * self.ranks.world_size)
         return self._after(figure)
 
     def _failed(self, reason: str) -> None:

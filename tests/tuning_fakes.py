@@ -1,0 +1,60 @@
+"""Datasets and a clock for the tuning loader's tests, in process and in the processes that the
+Lightning and Hugging Face tests start."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+import feedrate
+
+
+class Indices(Dataset):
+    """Sample i is i; a worker of a loader with ``die_from`` workers or more exits at once."""
+
+    def __init__(self, n: int = 240, die_from: int | None = None, bad: int | None = None) -> None:
+        self.n, self.die_from, self.bad = n, die_from, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        info = get_worker_info()
+        if self.die_from and info is not None and info.num_workers >= self.die_from:
+            os._exit(3)
+        if i == self.bad:
+            raise ValueError(f"sample {i} is corrupt")
+        return torch.tensor(i)
+
+
+class Stepping:
+    """A clock that moves at every reading, less the more workers the loader has: each
+    setting's window closes in a few batches, so a short epoch sees several switches, and a
+    wider setting reads faster."""
+
+    def __init__(self) -> None:
+        self.now, self.loader = 0.0, None
+
+    def __call__(self) -> float:
+        workers = self.loader.current.num_workers if self.loader is not None else 0
+        self.now += 0.06 / (1 + workers)
+        return self.now
+
+
+def tuning_loader(dataset, **kwargs):
+    args = dict(batch_size=4, shuffle=True, num_workers=0, budget_s=12.0, max_workers=4)
+    args.update(kwargs)
+    clock = Stepping()
+    loader = feedrate.autotune_loader(dataset, clock=clock, cpu=None, **args)
+    clock.loader = loader
+    return loader
+
+
+def epoch_of(loader, stop_after: int | None = None) -> list[int]:
+    seen = []
+    for batch in itertools.islice(loader, stop_after):
+        seen += batch.tolist()
+    return seen
