@@ -1,7 +1,7 @@
 """feedrate.autotune_loader in a loop of your own, against the same loop with the recipe.
 
     python benchmarks/loop_bench.py                               # plain loop, 3 rounds of 200 s
-    python benchmarks/loop_bench.py --example plain --seconds 200 --rounds 3 --budget-s 60
+    python benchmarks/loop_bench.py --example lightning hf --seconds 200 --rounds 3
 
 Each round runs the example twice, a fresh process each, in alternating order: with
 `feedrate.autotune_loader` (which searches from the recipe's 4 workers, no preset) and with
@@ -31,13 +31,17 @@ from feedrate import stats  # noqa: E402
 from feedrate.environment import git_commit  # noqa: E402
 from feedrate.hardware import detect  # noqa: E402
 
-EXAMPLES = {"plain": "examples/plain_loop.py"}
+EXAMPLES = {
+    "plain": "examples/plain_loop.py",
+    "lightning": "examples/lightning_module.py",
+    "hf": "examples/hf_trainer.py",
+}
 CONTESTANTS = ("autotune", "recipe")
 TARGET = 2.5
 
 
 def run_one(example: str, name: str, r: int, out: Path, args: argparse.Namespace) -> dict:
-    log = out / f"round{r}_{name}.log"
+    log = out / f"{example}_round{r}_{name}.log"
     cmd = [
         sys.executable,
         EXAMPLES[example],

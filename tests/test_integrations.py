@@ -46,8 +46,9 @@ def lightning_runs(out: Path, devices: int, stop_at: int, in_process: bool) -> d
     return {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*_rank*.json"))}
 
 
-def test_lightning_trains_every_sample_once_an_epoch_across_a_resume(tmp_path):
-    parts = lightning_runs(tmp_path, devices=1, stop_at=37, in_process=True)
+@pytest.mark.parametrize("stop_at", [37, 60])  # mid-epoch, and after an epoch's last batch
+def test_lightning_trains_every_sample_once_an_epoch_across_a_resume(tmp_path, stop_at):
+    parts = lightning_runs(tmp_path, devices=1, stop_at=stop_at, in_process=True)
     assert set(parts) == {"first_rank0", "resumed_rank0"}
     for epoch in per_epoch(parts):
         assert sorted(epoch) == list(range(SAMPLES))

@@ -31,23 +31,38 @@ class Indices(Dataset):
 
 
 class Stepping:
-    """A clock that moves at every reading, less the more workers the loader has: each
-    setting's window closes in a few batches, so a short epoch sees several switches, and a
-    wider setting reads faster."""
+    """A clock that moves at every reading, less the more workers the loader has (more, with
+    ``wider_is_slower``): each setting's window closes in a few batches, so a short epoch sees
+    several switches, and a wider setting reads faster (or slower)."""
 
-    def __init__(self) -> None:
-        self.now, self.loader = 0.0, None
+    def __init__(self, wider_is_slower: bool = False) -> None:
+        self.now, self.loader, self.slower = 0.0, None, wider_is_slower
 
     def __call__(self) -> float:
         workers = self.loader.current.num_workers if self.loader is not None else 0
-        self.now += 0.06 / (1 + workers)
+        self.now += 0.06 * (1 + workers) if self.slower else 0.06 / (1 + workers)
         return self.now
 
 
-def tuning_loader(dataset, **kwargs):
+class Shards(torch.utils.data.IterableDataset):
+    """A stream that splits its samples between the workers itself; a worker of a loader with
+    ``die_from`` workers or more exits at once."""
+
+    def __init__(self, n: int = 200, die_from: int | None = None) -> None:
+        self.n, self.die_from = n, die_from
+
+    def __iter__(self):
+        info = get_worker_info()
+        k, w = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self.die_from and w >= self.die_from:
+            os._exit(3)
+        yield from (torch.tensor(i) for i in range(k, self.n, w))
+
+
+def tuning_loader(dataset, wider_is_slower: bool = False, **kwargs):
     args = dict(batch_size=4, shuffle=True, num_workers=0, budget_s=12.0, max_workers=4)
     args.update(kwargs)
-    clock = Stepping()
+    clock = Stepping(wider_is_slower)
     loader = feedrate.autotune_loader(dataset, clock=clock, cpu=None, **args)
     clock.loader = loader
     return loader

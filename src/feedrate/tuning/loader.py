@@ -141,6 +141,8 @@ class TuningLoader:
         self._loader_setting: Setting | None = None
         self._epoch_from = 0.0  # when this epoch's pass began
         self._resuming = False  # a state was loaded: the next pass goes on mid-epoch
+        self._in_pass = False  # a pass is under way (its generator lives)
+        self._last_out = 0.0  # when the latest batch was handed out
 
     # -- what a loop uses ----------------------------------------------------------------
 
@@ -170,7 +172,20 @@ class TuningLoader:
         ``get_resumed_dataloader``) instead of by :meth:`load_state_dict`."""
         if batches < 0:
             raise ValueError(f"skip({batches}): a number of batches, at least 0")
+        if self.stream and batches:
+            self._stream_restarts(batches)
+            return
         self._pos, self._resuming = batches, batches > 0
+
+    def _stream_restarts(self, batches: int) -> None:
+        """A stream's position belongs to its workers: it cannot go on mid-epoch."""
+        log.warning(
+            "autotune_loader: a stream (%s) cannot go on %d batches into its epoch: the epoch"
+            " starts again from its first sample, and those batches are trained twice",
+            type(self.dataset).__name__,
+            batches,
+        )
+        self._pos = 0
 
     @property
     def num_workers(self) -> int:
@@ -190,14 +205,18 @@ class TuningLoader:
         }
 
     def state_dict(self) -> dict:
+        """Where the epoch is and what the tuning found: plain data, for a checkpoint."""
+        epoch, batches = self.epoch, self._pos
+        if not self.stream and self._in_pass and batches >= len(self._plan.batches):
+            epoch, batches = epoch + 1, 0  # its last batch is out: the next pass is the next epoch
         return {
-            "epoch": self.epoch,
-            "batches": self._pos,
+            "epoch": epoch,
+            "batches": batches,
             "seed": self.seed,
             "figures": [_figure_dict(f) for f in self.figures],
             "current": self.current.as_dict(),
             "choice": None if self.choice is None else _choice_dict(self.choice),
-            "spent_s": self.spent_s,
+            "spent_s": self._spent_now() if self._in_pass and self.tuning else self.spent_s,
             "samples_while_tuning": self.samples_tuning,
             "written": self.written,
         }
@@ -210,8 +229,11 @@ class TuningLoader:
                 f" pass seed={state['seed']}"
             )
         self.close()
+        self._probe = None
         self.epoch, self._pos = int(state["epoch"]), int(state["batches"])
         self._resuming = True
+        if self.stream and self._pos:
+            self._stream_restarts(self._pos)
         self.figures = [_figure(f) for f in state["figures"]]
         self.current = Setting(**state["current"])
         self.choice = _choice(state["choice"]) if state["choice"] else None
@@ -229,23 +251,28 @@ class TuningLoader:
     # -- an epoch ------------------------------------------------------------------------
 
     def _epoch(self) -> Iterator[Any]:
-        self._epoch_from = self.clock()
+        self._epoch_from = self._last_out = self.clock()
         self._plan.batches = [] if self.stream else self._batches(self.epoch)
         if not self._resuming:
             self._pos = 0
-        self._resuming = False
+        self._resuming, self._in_pass = False, True
+        if self._probe is not None:
+            self._probe.go_on()  # the time between passes (validation, say) is not measured
         try:
             while True:
                 switched = yield from self._run(self.current)
                 if not switched or (not self.stream and self._pos >= len(self._plan.batches)):
                     break
-            if self.stream and self.tuning and self._probe is not None and self._probe.done:
+            if self.stream and self.tuning and self.ranks.agree(self._measured()):
                 self._next_setting()  # a stream switches at its epoch's end
         finally:  # the epoch ended, or the loop left it (a new pass starts the next one)
-            if self.tuning:
-                self.spent_s += self.clock() - self._epoch_from
+            self._in_pass = False
+            if self.tuning:  # up to its last batch: what the loop did after is not tuning
+                self.spent_s += self._last_out - self._epoch_from
                 if self._probe is not None and not self._short_epochs():
                     self._probe.pause()  # the epoch's end and restart are not measured
+                elif self._probe is not None:
+                    self._probe.hold(self._last_out)  # measured across the restart, not the gap
             if not self.persistent or self._pos < len(self._plan.batches):
                 self.close()
             self.epoch, self._pos = self.epoch + 1, 0
@@ -259,7 +286,7 @@ class TuningLoader:
         try:
             batches = iter(loader)
         except Exception as exc:  # noqa: BLE001 - named by _loader_failure, else raised
-            failure = _loader_failure(exc, setting == self.climb.start)
+            failure = self._failure(exc, loader, setting)
         while failure is None:
             asked = self.clock()
             try:
@@ -267,9 +294,10 @@ class TuningLoader:
             except StopIteration:
                 return False
             except Exception as exc:  # noqa: BLE001 - as above
-                failure = _loader_failure(exc, setting == self.climb.start)
+                failure = self._failure(exc, loader, setting)
                 break
-            waited = self.clock() - asked
+            self._last_out = self.clock()
+            waited = self._last_out - asked
             samples = self._samples(batch)
             self._pos += 1
             if self.tuning:
@@ -279,13 +307,31 @@ class TuningLoader:
                 elif self._probe is not None:
                     self._probe.took(waited, samples)
             yield batch
-            if self.tuning and not self.stream and self.ranks.agree(self._probe_done()):
+            if self.tuning and not self.stream and self.ranks.agree(self._measured()):
                 if self._next_setting():
                     return True
-        _end_workers(loader, kill=True)
         self._loader = None
         self._failed(failure)
         return True
+
+    def _failure(self, exc: Exception, loader: Any, setting: Setting) -> str:
+        """Why ``setting``'s loader failed, its workers killed; raised again where the run
+        cannot go on without it: the start, a stream (its position is its workers'), several
+        ranks (the others are already in the next step)."""
+        _end_workers(loader, kill=True)
+        self._loader = None
+        return _loader_failure(
+            exc, setting == self.climb.start or self.stream or self.ranks.enabled
+        )
+
+    def _measured(self) -> bool:
+        """The current setting's measurement is over: its probe says so, or the budget is
+        spent (what it measured so far is its figure)."""
+        if self._probe is None:
+            return False
+        if not self._probe.done and self._spent_now() >= self.budget_s:
+            self._probe.end()
+        return self._probe.done
 
     def _short_epochs(self) -> bool:
         """Epochs shorter than four of the setting's queues: there the ends and restarts are
@@ -300,9 +346,6 @@ class TuningLoader:
         if self.stream or self._short_epochs():
             return False
         return len(self._plan.batches) - self._pos < self._probe.backlog
-
-    def _probe_done(self) -> bool:
-        return self._probe is not None and self._probe.done
 
     def _loader_for(self, setting: Setting):
         if self._loader is not None and self._loader_setting == setting:
@@ -460,7 +503,7 @@ def _build(tl: TuningLoader, setting: Setting):
             persistent_workers=tl.persistent,
             multiprocessing_context=tl.context,
         )
-    seed = (tl.seed * 1_000_003 + tl.epoch * 10_007 + tl._pos) % 2**63
+    seed = (tl.seed * 1_000_003 + tl.epoch * 10_007 + tl._pos + tl.ranks.rank * 7_919) % 2**63
     generator = torch.Generator().manual_seed(seed)
     if tl.stream:
         return _Loader(

@@ -37,7 +37,8 @@ class LoaderPreset:
 
         data = yaml.safe_load(self.path.read_text()) or {}
         measured = data.get("measured_on") or {}
-        machine = machine_differences(measured["machine"], self.machine) if measured else ["?"]
+        tuned_on = measured.get("machine")
+        machine = machine_differences(tuned_on, self.machine) if tuned_on else ["machine"]
         workload = measured.get("workload") != self.workload
         if machine or workload:
             differs = ", ".join([*machine, *(["workload"] if workload else [])])

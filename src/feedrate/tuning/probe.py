@@ -55,6 +55,7 @@ class Probe:
         self.cpu_busy = 0.0
         self.done = False
         self.left_early = False
+        self._held_at: float | None = None  # the pass ended here (hold)
 
     @property
     def backlog(self) -> int:
@@ -90,16 +91,33 @@ class Probe:
         total = self._total()
         enough = total.batches >= MIN_BATCHES
         if (total.seconds >= self.window_s and enough) or total.seconds >= LONGEST * self.window_s:
-            self._end()
+            self.end()
         elif self.best and total.seconds >= self.window_s / 2 and enough:
             if total.samples / total.seconds < LEAVE_BELOW * self.best:
-                self._end(left_early=True)
+                self.end(left_early=True)
 
     def _total(self) -> _Tally:
         h, w = self.held, self.open
         return _Tally(
             h.seconds + w.seconds, h.samples + w.samples, h.batches + w.batches, h.waited + w.waited
         )
+
+    def hold(self, at: float) -> None:
+        """The pass ended at ``at``: its clock stops there until :meth:`go_on` (a short epoch
+        is measured across its restart, not across what the loop does between passes)."""
+        self._held_at = at
+
+    def go_on(self) -> None:
+        """The next pass began: the time since :meth:`hold` is left out."""
+        held, self._held_at = self._held_at, None
+        if held is None:
+            return
+        gap = max(0.0, self.clock() - held)
+        self.began += gap
+        if self.warm_from is not None:
+            self.warm_from += gap
+        if self.window_from is not None:
+            self.window_from += gap
 
     def pause(self) -> None:
         """The epoch ended: the window so far is held, and the next loader warms up again
@@ -118,7 +136,8 @@ class Probe:
             self.cpu_busy = max(self.cpu_busy, busy / total if total > 0 else 0.0)
             self.cpu_at = None
 
-    def _end(self, left_early: bool = False) -> None:
+    def end(self, left_early: bool = False) -> None:
+        """The measurement is over (its window, or the budget, ran out): what it saw stands."""
         self.pause()
         self.done, self.left_early = True, left_early
 
