@@ -51,12 +51,46 @@ def window_seconds(budget_s: float) -> float:
 
 
 class _Plan(Sampler[list[int]]):
-    """This epoch's batches from ``start`` on: the batch sampler every DataLoader tried
-    shares, so that the next one goes on where the one before stopped."""
+    """An epoch's batches of indices, from ``start`` on: the batch sampler every DataLoader
+    tried shares, so that the next one goes on where the one before stopped. They are the same
+    in every process and after a resume: the user's batch sampler or sampler after its
+    ``set_epoch``, a ``DistributedSampler`` under several ranks, or ``seed + epoch``'s shuffle."""
 
-    def __init__(self) -> None:
+    def __init__(self, tl: TuningLoader, ranks: Ranks) -> None:
+        self.dataset, self.ranks = tl.dataset, ranks
+        self.batch_size, self.shuffle, self.drop_last = tl.batch_size, tl.shuffle, tl.drop_last
+        self.sampler, self.batch_sampler, self.seed = tl.sampler, tl.batch_sampler, tl.seed
+        if self.sampler is None and self.batch_sampler is None and ranks.enabled:
+            from torch.utils.data import DistributedSampler
+
+            self.sampler = DistributedSampler(
+                tl.dataset, shuffle=tl.shuffle, seed=tl.seed, drop_last=tl.drop_last
+            )
         self.batches: list[list[int]] = []
         self.start = 0
+
+    def draw(self, epoch: int) -> None:
+        """The batches of ``epoch``."""
+        if self.batch_sampler is not None:
+            _set_epoch(self.batch_sampler, epoch)
+            self.batches = [list(b) for b in self.batch_sampler]
+            return
+        if self.sampler is not None:
+            _set_epoch(self.sampler, epoch)
+            indices = list(self.sampler)
+        elif self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            indices = torch.randperm(len(self.dataset), generator=g).tolist()
+        else:
+            indices = list(range(len(self.dataset)))
+        self.batches = [list(b) for b in BatchSampler(indices, self.batch_size, self.drop_last)]
+
+    def epoch_batches(self) -> int:
+        """Batches an epoch, before any is drawn."""
+        if self.batch_sampler is not None:
+            return len(self.batch_sampler)
+        n = len(self.sampler) if self.sampler is not None else len(self.dataset)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batches[self.start :])
@@ -123,7 +157,7 @@ class TuningLoader:
             start, recorded = self.preset.start_from(start)
         self.climb = Climb(start, Machine(cores, cap), window_s=self.window_s, recorded=recorded)
         self.make_loader = make_loader or _build
-        self._plan = _Plan()
+        self._plan = _Plan(self, self.ranks)
         self.epoch = 0
         self._pos = 0  # batches of this epoch already yielded
         self.figures: list[Figure] = []
@@ -149,12 +183,8 @@ class TuningLoader:
     def __len__(self) -> int:
         """Batches an epoch (as the DataLoader says it)."""
         if self.stream:
-            return len(self._stream_loader(self.current))
-        if self.batch_sampler is not None:
-            return len(self.batch_sampler)
-        n = len(self.sampler) if self.sampler is not None else len(self.dataset)
-        n = self._sharded_len(n)
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+            return len(self.make_loader(self, self.current))
+        return self._plan.epoch_batches()
 
     def __iter__(self) -> Iterator[Any]:
         return self._epoch()
@@ -252,7 +282,8 @@ class TuningLoader:
 
     def _epoch(self) -> Iterator[Any]:
         self._epoch_from = self._last_out = self.clock()
-        self._plan.batches = [] if self.stream else self._batches(self.epoch)
+        if not self.stream:
+            self._plan.draw(self.epoch)
         if not self._resuming:
             self._pos = 0
         self._resuming, self._in_pass = False, True
@@ -425,34 +456,6 @@ class TuningLoader:
 
     # -- the batches ---------------------------------------------------------------------
 
-    def _batches(self, epoch: int) -> list[list[int]]:
-        """This epoch's batches of indices, the same in every process and after a resume."""
-        if self.batch_sampler is not None:
-            _set_epoch(self.batch_sampler, epoch)
-            return [list(b) for b in self.batch_sampler]
-        order = self.sampler
-        if order is None and self.ranks.enabled:
-            from torch.utils.data import DistributedSampler
-
-            order = self._distributed = getattr(self, "_distributed", None) or DistributedSampler(
-                self.dataset, shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last
-            )
-        if order is not None:
-            _set_epoch(order, epoch)
-            indices = list(order)
-        elif self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + epoch)
-            indices = torch.randperm(len(self.dataset), generator=g).tolist()
-        else:
-            indices = list(range(len(self.dataset)))
-        return [list(b) for b in BatchSampler(indices, self.batch_size, self.drop_last)]
-
-    def _sharded_len(self, n: int) -> int:
-        if self.sampler is None and self.ranks.enabled:
-            w = self.ranks.world_size
-            return n // w if self.drop_last else math.ceil(n / w)
-        return n
-
     def _samples(self, batch: Any) -> int:
         if not self.stream:
             return len(self._plan.batches[self._pos])
@@ -470,9 +473,6 @@ class TuningLoader:
             "batch_size": self.batch_size,
             "ranks_per_node": self.ranks.local_world_size,
         }
-
-    def _stream_loader(self, setting: Setting):
-        return self.make_loader(self, setting)
 
 
 # -- helpers -------------------------------------------------------------------------------
