@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import feedrate
 from feedrate.errors import ConfigError
 from feedrate.tuning.policy import Climb, Figure, Machine, Setting
 from feedrate.tuning.probe import Probe
@@ -315,3 +316,21 @@ def test_two_ranks_take_rank_0s_word_and_share_each_epoch(tmp_path):
         assert not set(a) & set(b) and sorted(a + b) == list(range(240))
     assert ranks[0]["tried"] == ranks[1]["tried"] and len(ranks[0]["tried"]) >= 2
     assert ranks[0]["chosen"] == ranks[1]["chosen"]
+
+
+def test_the_budget_ends_a_measurement_that_would_overrun_it():
+    class Slow:  # every reading of the clock moves 2 s: steps far longer than the budget
+        now = 0.0
+
+        def __call__(self) -> float:
+            self.now += 2.0
+            return self.now
+
+    loader = feedrate.autotune_loader(
+        Indices(240), batch_size=4, num_workers=0, budget_s=5.0, clock=Slow(), cpu=None
+    )
+    assert sorted(epoch_of(loader)) == list(range(240))
+    report = loader.report()
+    assert report["chosen"] == report["start"] and len(report["tried"]) == 1
+    # cut at the first step past the budget (20 s on this clock), not at its window's end (30 s)
+    assert report["seconds"] < 25.0

@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import psutil
@@ -228,7 +228,7 @@ class TuningLoader:
             "seconds": round(self.spent_s, 2),
             "samples_while_tuning": self.samples_tuning,
             "start": self.climb.start.as_dict(),
-            "tried": [_figure_dict(f) for f in self.figures],
+            "tried": [asdict(f) for f in self.figures],
             "chosen": self.choice.setting.as_dict() if self.choice else None,
             "reason": self.choice.reason if self.choice else "still tuning",
             "preset": self.written,
@@ -243,9 +243,9 @@ class TuningLoader:
             "epoch": epoch,
             "batches": batches,
             "seed": self.seed,
-            "figures": [_figure_dict(f) for f in self.figures],
+            "figures": [asdict(f) for f in self.figures],
             "current": self.current.as_dict(),
-            "choice": None if self.choice is None else _choice_dict(self.choice),
+            "choice": None if self.choice is None else asdict(self.choice),
             "spent_s": self._spent_now() if self._in_pass and self.tuning else self.spent_s,
             "samples_while_tuning": self.samples_tuning,
             "written": self.written,
@@ -264,9 +264,9 @@ class TuningLoader:
         self._resuming = True
         if self.stream and self._pos:
             self._stream_restarts(self._pos)
-        self.figures = [_figure(f) for f in state["figures"]]
+        self.figures = [Figure.from_dict(f) for f in state["figures"]]
         self.current = Setting(**state["current"])
-        self.choice = _choice(state["choice"]) if state["choice"] else None
+        self.choice = Choice.from_dict(state["choice"]) if state["choice"] else None
         self.tuning = self.choice is None
         self.spent_s = float(state["spent_s"])
         self.samples_tuning = int(state["samples_while_tuning"])
@@ -426,10 +426,10 @@ class TuningLoader:
         self._after(figure)
 
     def _after(self, figure: Figure) -> bool:
-        figure = _figure(self.ranks.share(_figure_dict(figure)))  # rank 0's, on every rank
+        figure = Figure.from_dict(self.ranks.share(asdict(figure)))  # rank 0's, on every rank
         self.figures.append(figure)
         if self.ranks.is_main:
-            log.info("autotune_loader: %s", _figure_line(figure))
+            log.info("autotune_loader: %s", figure.describe())
         left = self.budget_s - self._spent_now()
         nxt = self.climb.next(self.figures, left) if self.ranks.is_main else None
         decision = self.ranks.share(None if nxt is None else nxt.as_dict())
@@ -438,7 +438,7 @@ class TuningLoader:
             self._start_probe(self.current)
             return True
         choice = self.climb.choose(self.figures) if self.ranks.is_main else None
-        self.choice = _choice(self.ranks.share(None if choice is None else _choice_dict(choice)))
+        self.choice = Choice.from_dict(self.ranks.share(None if choice is None else asdict(choice)))
         self.spent_s, self.tuning = self._spent_now(), False
         if self.ranks.is_main:
             log.info(
@@ -575,31 +575,3 @@ def _check_args(batch_size, shuffle, sampler, batch_sampler, drop_last, budget_s
         problems.append(f"max_workers={max_workers!r} must be at least 1, or None")
     if problems:
         raise ConfigError("autotune_loader: " + "; ".join(problems))
-
-
-def _figure_dict(f: Figure) -> dict:
-    out = {k: getattr(f, k) for k in Figure.__dataclass_fields__ if k != "setting"}
-    return {"setting": f.setting.as_dict(), **out}
-
-
-def _figure(d: dict) -> Figure:
-    return Figure(**{**d, "setting": Setting(**d["setting"])})
-
-
-def _choice_dict(c: Choice) -> dict:
-    return {"setting": c.setting.as_dict(), "reason": c.reason, "beats_start": c.beats_start}
-
-
-def _choice(d: dict) -> Choice:
-    return Choice(Setting(**d["setting"]), d["reason"], d["beats_start"])
-
-
-def _figure_line(f: Figure) -> str:
-    if f.failed:
-        return f"{f.setting.describe()} failed: {f.failed}"
-    rate = "no figure" if f.samples_per_sec is None else f"{f.samples_per_sec:,.1f} samples/s"
-    left = "; left: slower than the best" if f.left_early else ""
-    return (
-        f"{f.setting.describe()} -> {rate}, data wait {f.data_wait_frac:.0%},"
-        f" cores busy {f.cpu_busy_frac:.0%} ({f.seconds:.1f} s){left}"
-    )

@@ -68,6 +68,21 @@ class Figure:
     def ok(self) -> bool:
         return self.samples_per_sec is not None and not self.failed
 
+    def describe(self) -> str:
+        if self.failed:
+            return f"{self.setting.describe()} failed: {self.failed}"
+        rate = "no figure" if self.samples_per_sec is None else f"{self.samples_per_sec:,.1f}"
+        left = "; left: slower than the best" if self.left_early else ""
+        return (
+            f"{self.setting.describe()} -> {rate} samples/s, data wait {self.data_wait_frac:.0%},"
+            f" cores busy {self.cpu_busy_frac:.0%} ({self.seconds:.1f} s){left}"
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Figure:
+        """A figure from :func:`dataclasses.asdict` (a checkpoint's plain data)."""
+        return cls(**{**data, "setting": Setting(**data["setting"])})
+
 
 @dataclass(frozen=True)
 class Machine:
@@ -83,6 +98,10 @@ class Choice:
     setting: Setting
     reason: str
     beats_start: bool  # measured at least GAIN faster than the start: worth a preset
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Choice:
+        return cls(Setting(**data["setting"]), data["reason"], data["beats_start"])
 
 
 class Climb:
