@@ -266,49 +266,27 @@ class HardwareConfig:
 
 @dataclass
 class AutotuneConfig:
-    """``loader=autotune``: the loader tuned inside the run, on its real training steps
-    (:mod:`feedrate.autotune`). Each candidate is a new DataLoader that goes on where the one
-    before stopped in the epoch."""
+    """``loader=autotune``: the run's loader is a tuning loader (:mod:`feedrate.autotune`,
+    :class:`feedrate.tuning.TuningLoader`). Each setting it tries is a new DataLoader that
+    goes on where the one before stopped in the epoch."""
 
-    # The tuning phase, in seconds; null: 60, at most a fifth of trainer.max_seconds, at
-    # most 120. The run trains all along; the rest of it runs the setting chosen.
+    # The tuning, in seconds of the run; null: 60, at most a fifth of trainer.max_seconds, at
+    # most 120; 0: no tuning. The run trains all along; the rest of it runs the setting chosen.
     budget_s: float | None = None
-    window_s: float = 2.0  # each candidate's measured window, after its warm-up
-    # Where an epoch takes at most this long (at the rate the warm-up read), a candidate is
-    # measured over a whole epoch, from its warm-up's end to the same step of the next: the
-    # epoch's restart is in its figure, as the run will pay it at every epoch (up to 3 x this
-    # where the epoch is under four of the candidate's queues). Once one candidate is measured
-    # so, the rest of the phase is too. null: a twelfth of the budget (5 s of 60: the phase
-    # still fits several measurements); 0: never.
-    whole_epochs_s: float | None = None
-    warmup_steps: int = 3  # at least, before the start-up backlog and the settling windows
-    window_steps: int = 5  # at least: a window is num_workers steps when that is more
-    # Re-measured in alternating rounds: the best candidates, those within finalist_within
-    # of the best (not near twins); the rounds stop at `rounds` or when the budget is spent.
-    finalists: int = 2
-    finalist_within: float = 0.10
-    rounds: int = 3
-    # The fastest finalist wins, or a cheaper one whose whole interval lies within this of it
-    equivalence: float = 0.05
-    abandon_below: float = 0.5  # a candidate below half the best so far stops early
-    # A candidate whose loader delivers no batch for this many seconds has failed (a worker
-    # stuck: a deadlock after fork, a read that hangs) and the next one goes on, where a
-    # failed candidate can be dropped (one process, map-style data); loader.timeout, when
-    # set, applies instead. null: a stuck candidate waits, as a plain DataLoader does.
+    # A setting whose loader delivers no batch for this many seconds has failed (a worker
+    # stuck: a deadlock after fork, a read that hangs) and the next one goes on, in one
+    # process (loader.timeout, when set, applies instead). null: a stuck setting waits, as a
+    # plain DataLoader does.
     stall_s: float | None = 60.0
-    max_workers: int | None = None  # the machine's; null: as sweep=loader bounds it
-    search_threads: bool | None = None  # null: where the model trains on the CPU
-    # A preset measured on this machine and workload is kept when its check reads at least
-    # (1 - confirm_within) of the figure it records; otherwise the run searches.
-    confirm_within: float = 0.15
+    max_workers: int | None = None  # the machine's; null: 8 per core, between 64 and 256
     from_preset: bool = True  # false: search even where a preset was measured here
     preset_name: str | None = None  # conf/loader/<name>.yaml; null: autotuned_<cores>core_<cpu|gpu>
+    # Written only where the choice measured at least 10% faster than the start
     write_preset: bool = True
     overwrite: bool = False  # replace a preset feedrate did not write
     # When the drift guard sees the data wait rise: warn, or tune again at the next epoch start
     on_drift: OnDrift = OnDrift.warn
     max_retunes: int = 3  # on_drift=retune: at most this many times a run
-    seed: int = 0  # the search's sampler
 
 
 @dataclass

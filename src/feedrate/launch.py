@@ -29,10 +29,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from feedrate import checkpoint, distributed, environment, hardware, provenance
-from feedrate.autotune import Tuner
-from feedrate.autotune import check as check_autotune
-from feedrate.autotune import summary as autotune_summary
+from feedrate import autotune, checkpoint, distributed, environment, hardware, provenance
 from feedrate.checks import validate
 from feedrate.errors import ConfigError, FeedrateError, Interrupted
 from feedrate.faults import LoaderFailure, diagnose
@@ -49,16 +46,16 @@ from feedrate.project import (
     preset_dir,
     project_dir,
 )
+from feedrate.resolvers import default_preset_name
 from feedrate.stream import is_resumable, is_stream, length
 from feedrate.sweep import trial
 from feedrate.trainer import Checkpoints, TrainResult, agreed, planned_steps, train
+from feedrate.tuning import TuningLoader
 from feedrate.workload import (
     Kept,
     Workload,
     build,
     evaluate_held_out,
-    read_as_shares,
-    switch_loader,
 )
 
 log = logging.getLogger("feedrate")
@@ -160,43 +157,49 @@ def run(
         if this.ranks.enabled and is_stream(work.dataset) and epochs and agreed(cfg.trainer):
             fix = "stream it (trainer.stream=true), or train by steps or epochs alone"
             _check_even_stream(this, work, "measuring by time under torchrun ends", fix)
-        # the tuner's loader first: a stream's position is restored into it
-        tuner = _tuner(this, work, saved) if cfg.loader.autotune else None
+        tuned = _tuning_loader(this, work, saved) if cfg.loader.autotune else None
         resume = _restore(this, work, saved)
         _write_environment(this)
-        result, monitor, skipped = _train_guarded(this, work, resume, tuner)
+        result, monitor, skipped = _train_guarded(this, work, resume, tuned)
         held_out = evaluate_held_out(work, cfg, this.hw)
-        return _write_metrics(this, work, result, monitor, held_out, skipped, tuner)
+        return _write_metrics(this, work, result, monitor, held_out, skipped)
 
 
-def _tuner(run: Run, work: Workload, saved: dict | None) -> Tuner:
-    """``loader=autotune``'s tuner, its first candidate's loader in place: where a checkpoint
-    left the tuning, or a check of the preset measured here, or a new search."""
+def _tuning_loader(run: Run, work: Workload, saved: dict | None) -> autotune.Candidates:
+    """``loader=autotune``: the run's loader becomes a tuning loader (the workload's from
+    now on), which goes on where a checkpoint left it, or starts from the preset measured
+    here, or searches; the preset it writes is checked writable before training."""
     cfg, state = run.cfg, (saved or {}).get("autotune")
     if is_stream(work.dataset) and run.ranks.enabled:
         what = "loader=autotune under torchrun switches every rank's loader"
         fix = "tune with one process and run the preset it writes under torchrun"
         _check_even_stream(run, work, what, fix)
     here = provenance.Here.of(cfg, run.fingerprint, run.hw, _overrides())
-    directory = _preset_dir()
-    found = None
-    if state is None and cfg.trainer.autotune.from_preset:
+    at, found, path, problem = cfg.trainer.autotune, None, None, None
+    if state is None and at.from_preset:
         found = provenance.measured_here(loader_preset_dirs(), here, run.hw.is_cuda)
         found = distributed.broadcast(found, run.ranks)  # rank 0's files decide
-    tuner = Tuner(
-        cfg,
-        run.ranks,
-        lambda loader, seed: switch_loader(work, loader, cfg, run.hw, run.ranks, seed),
-        directory,
-        here=here,
-        measured_here=found,
-        state=state,
-        out_dir=run.out,
-        droppable=not run.ranks.enabled and not is_stream(work.dataset),
-    )
-    read_as_shares(work, tuner.shares, cfg)  # any worker count goes on from its position
-    tuner.build((saved or {}).get("step", 0))
-    return tuner
+    if at.write_preset and run.ranks.is_main:
+        from feedrate.sweep.preset import check_writable, preset_path
+
+        name = at.preset_name or "auto" + default_preset_name()
+        try:  # refused before training, on every rank
+            path = preset_path(_preset_dir().parent, name, "trainer.autotune")
+            check_writable(path, at.overwrite, "trainer.autotune")
+        except ConfigError as exc:
+            problem = str(exc)
+    problem = distributed.broadcast(problem, run.ranks)
+    if problem:
+        raise ConfigError(problem)
+    preset = autotune.HydraPreset(path, found, cfg, here, run.ranks, run.out)
+    work.loader, candidates = autotune.tuning_loader(work, cfg, run.hw, run.ranks, preset)
+    if state is not None:
+        work.loader.load_state_dict(state)  # before the stream's position (_restore_stream)
+        log.info(
+            "loader=autotune goes on from the checkpoint: %s",
+            "tuning" if work.loader.tuning else f"the choice, {work.loader.current.describe()}",
+        )
+    return candidates
 
 
 def _check_even_stream(run: Run, work: Workload, what: str, fix: str) -> None:
@@ -239,7 +242,7 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
     )
     validate(cfg)
     if cfg.loader.autotune:
-        check_autotune(cfg)
+        autotune.check(cfg)
     hw = distributed.setup(ranks, resolved)
     try:
         # Every rank writes (if anything) where rank 0 does: ranks may start a second apart.
@@ -308,8 +311,11 @@ def _restore_stream(run: Run, work: Workload, saved: dict, resume: checkpoint.Po
         why = "trainer.stream=true repeats the stream, which then has no position"
     elif is_resumable(work.dataset):
         state, why = checkpoint.stream_state(saved, run.checkpoint, _reader(run, work))
-    if state is not None:
+    if state is not None and isinstance(work.loader, TuningLoader):
+        work.loader.load_stream_state(state)  # read by the setting the tuning state says
+    elif state is not None:
         work.loader.load_state_dict(state)
+    if state is not None:
         log.info(
             "the stream goes on from its position at step %d (epoch %d)", resume.step, resume.epoch
         )
@@ -323,12 +329,17 @@ def _restore_stream(run: Run, work: Workload, saved: dict, resume: checkpoint.Po
 
 
 def _reader(run: Run, work: Workload) -> checkpoint.Reader:
-    ranks = run.ranks
-    return checkpoint.Reader(ranks.rank, ranks.world_size, work.loader_args["num_workers"])
+    ranks, loader = run.ranks, work.loader
+    workers = loader.num_workers if isinstance(loader, TuningLoader) else None
+    workers = work.loader_args["num_workers"] if workers is None else workers
+    return checkpoint.Reader(ranks.rank, ranks.world_size, workers)
 
 
 def _train_guarded(
-    run: Run, work: Workload, resume: checkpoint.Position | None, tuner=None
+    run: Run,
+    work: Workload,
+    resume: checkpoint.Position | None,
+    tuned: autotune.Candidates | None = None,
 ) -> tuple[TrainResult, ResourceMonitor, int]:
     """Train under the memory guard and the Ctrl-C handler; a failure is diagnosed and named.
     The trained state is saved before evaluation can fail."""
@@ -363,7 +374,6 @@ def _train_guarded(
                 preset_wait=provenance.preset_wait(
                     cfg, provenance.Here.of(cfg, run.fingerprint, run.hw)
                 ),
-                tuner=tuner,
                 ranks=run.ranks,
             )
         except Exception as exc:
@@ -371,7 +381,7 @@ def _train_guarded(
         except KeyboardInterrupt:  # a second Ctrl-C stops at once, but leaves no worker behind
             work.loader.end_workers()
             raise
-        skipped = skipped_samples(work.loader) + result.skipped
+        skipped = tuned.skipped() if tuned is not None else skipped_samples(work.loader)
         work.loader.end_workers()  # persistent ones too: inside the monitored window
     if skipped:
         log.warning("%d samples failed to load and were skipped <cfg.dataset.on_error>", skipped)
@@ -431,7 +441,6 @@ def _write_metrics(
     monitor: ResourceMonitor,
     held_out: tuple[float | None, float | None],
     skipped: int,
-    tuner=None,
 ) -> dict:
     """metrics.json: this rank's figures, gathered over the ranks, written by rank 0."""
     hw, sample = run.hw, work.sample
@@ -463,9 +472,9 @@ def _write_metrics(
         run=record,
     )
     metrics = finite(distributed.gather(mine, run.ranks))
-    if tuner is not None and run.ranks.is_main:
-        metrics["autotune"] = finite(tuner.report(metrics.get("samples_per_sec")))
-        log.info("%s", autotune_summary(metrics["autotune"]))
+    if isinstance(work.loader, TuningLoader) and run.ranks.is_main:
+        metrics["autotune"] = finite(work.loader.report())
+        log.info("%s", autotune.summary(metrics["autotune"]))
     if run.ranks.is_main:
         path = run.out / "metrics.json"
         atomic_write_text(path, json.dumps(metrics, indent=2) + "\n")

@@ -130,10 +130,12 @@ def build_loader(
     stream: bool = False,
     ranks=None,
     worker_seed: int | None = None,
+    batch_sampler: Sampler | None = None,
 ) -> DataLoader:
     """A DataLoader over ``dataset`` with ``kwargs`` from :func:`loader_kwargs`; under torchrun
     (``ranks``), over this rank's shard. ``seed`` orders the samples; ``worker_seed`` (``seed``
-    if None) seeds the workers' random augmentations.
+    if None) seeds the workers' random augmentations. ``batch_sampler``: the batches come
+    from it (a tuning loader's plan), not from a sampler of the loader's own.
 
     Refuses, before any worker starts, a dataset that its workers could not receive.
     """
@@ -160,6 +162,17 @@ def build_loader(
         kind = _StatefulLoader if is_resumable(dataset) and not stream else _Loader
         return kind(
             Repeated(dataset) if stream else dataset,
+            generator=generator,
+            collate_fn=CountingCollate(workers, encoded),
+            worker_init_fn=init,
+            **kwargs,
+        )
+    if batch_sampler is not None:
+        for key in ("batch_size", "shuffle", "drop_last"):
+            kwargs.pop(key, None)
+        return _Loader(
+            dataset,
+            batch_sampler=batch_sampler,
             generator=generator,
             collate_fn=CountingCollate(workers, encoded),
             worker_init_fn=init,

@@ -8,7 +8,6 @@ tar shards and read with the ``webdataset`` package (docs/design.md, "Streams").
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import io
@@ -123,129 +122,6 @@ class _ResumableGuardedStream(GuardedStream):
 
     def load_state_dict(self, state: dict) -> None:
         self.dataset.load_state_dict(state)
-
-
-class Shares(_Wrapper):
-    """A resumable stream read as ``parts`` fixed shares, whatever the number of workers
-    (``loader=autotune``): each share is a copy of the stream that sees itself as worker
-    ``part`` of ``parts`` (``get_worker_info``), and each real worker reads its shares in
-    turn, a sample from each. Its position is the shares' positions, which a loader with any
-    other number of workers goes on from (:meth:`go_on`), mid-epoch: nothing skipped, nothing
-    read twice. A worker count that does not divide ``parts`` gives some workers one share
-    more than others; those finish the epoch last. Share ``p`` of an epoch sees the same
-    worker seed under any loader (from ``seed``, the epoch and ``p``)."""
-
-    def __init__(self, dataset: IterableDataset, parts: int, seed: int = 0) -> None:
-        super().__init__(dataset)
-        self.parts, self.seed, self.epoch = parts, seed, 0
-        self._loaded: dict[int, dict] = {}  # share -> the state it goes on from
-        self._loaded_epoch: int | None = None
-        self._subs: dict[int, IterableDataset] | None = None  # this process's shares
-        self._moved: set[int] = set()  # shares read since they were loaded
-
-    def go_on(self, states: dict[int, dict], epoch: int) -> None:
-        """The next pass (of ``epoch``) goes on from the shares' ``states``."""
-        self._loaded, self._loaded_epoch, self._subs = dict(states), epoch, None
-
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self._loaded_epoch:  # states belong to the epoch they were taken in
-            self._loaded, self._loaded_epoch = {}, None
-        self._subs = None  # the next pass copies the stream again, at this epoch
-        self.epoch = epoch
-        super().set_epoch(epoch)
-
-    def state_dict(self) -> dict:
-        """This process's shares' positions: a share not read since it was loaded says the
-        state it was loaded with (a stream's state may not say it before it is read)."""
-        if self._subs is None:
-            shares = {p: self._loaded[p] for p in self._mine() if p in self._loaded}
-        else:
-            shares = {
-                p: sub.state_dict() if p in self._moved else self._loaded[p]
-                for p, sub in self._subs.items()
-                if p in self._moved or p in self._loaded
-            }
-        return {"parts": self.parts, "shares": shares}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("parts", self.parts) != self.parts:
-            raise DatasetError(
-                f"the stream's position was saved in {state['parts']} shares, and this run"
-                f" reads it in {self.parts}: it cannot go on from it"
-            )
-        self._loaded, self._subs = {int(p): s for p, s in state["shares"].items()}, None
-
-    def _mine(self) -> range:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return range(worker, self.parts, workers)
-
-    def __iter__(self):
-        if self._subs is None:
-            self._subs, self._moved = {}, set()
-            for part in self._mine():
-                sub = copy.deepcopy(self.dataset)
-                if part in self._loaded:
-                    sub.load_state_dict(self._loaded[part])
-                self._subs[part] = sub
-        else:  # a persistent worker's next pass: its shares go on, from their epoch's start
-            self._moved, self._loaded = set(), {}
-            self.epoch += 1
-        return self._interleaved(dict(self._subs))
-
-    def _interleaved(self, subs: dict[int, IterableDataset]):
-        from torch.utils.data._utils import worker
-
-        as_share = {
-            part: worker.WorkerInfo(
-                id=part,
-                num_workers=self.parts,
-                seed=(self.seed * 1_000_003 + self.epoch * 65_537 + part) % 2**63,
-                dataset=sub,
-            )
-            for part, sub in subs.items()
-        }
-        iterators: dict[int, Any] = {}
-        live = list(subs)
-        while live:
-            for part in list(live):
-                before, worker._worker_info = worker._worker_info, as_share[part]
-                try:
-                    if part not in iterators:
-                        iterators[part] = iter(subs[part])
-                    sample = next(iterators[part])
-                except StopIteration:
-                    live.remove(part)
-                    continue
-                finally:
-                    worker._worker_info = before
-                    self._moved.add(part)
-                yield sample
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_subs": None, "_moved": set()}
-
-
-def share_states(loader: Any) -> dict[int, dict]:
-    """Where the shares of a :class:`Shares` stream stand after the batches ``loader`` has
-    handed out (its workers' states as of their last batch trained; batches still in flight
-    are read again by the next loader)."""
-    from torchdata.stateful_dataloader.stateful_dataloader import _DATASET_STATE
-
-    state = loader.state_dict()
-    snapshot = state.get("_snapshot")
-    if snapshot is None:  # no workers: the main process's own
-        datasets = [state[_DATASET_STATE]]
-    else:
-        if state.get("_steps_since_snapshot"):
-            raise RuntimeError(
-                "the loader's state is not its last batch's (snapshot_every_n_steps is not 1)"
-            )
-        datasets = [w.get(_DATASET_STATE) for w in snapshot["_worker_snapshots"].values()]
-    merged: dict[int, dict] = {}
-    for dataset in datasets:
-        merged.update(dataset["shares"] if dataset else {})
-    return merged
 
 
 class Repeated(_Wrapper):

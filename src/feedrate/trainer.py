@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -25,13 +25,11 @@ from feedrate.drift import DriftGuard
 from feedrate.errors import ConfigError, DatasetError, Interrupted
 from feedrate.faults import LoaderFailure
 from feedrate.hardware import Hardware
-from feedrate.loader import loader_state, produced_samples, shuffle_after_pass, skipped_samples
+from feedrate.loader import loader_state, produced_samples
 from feedrate.meter import Meter, StepTimes
 from feedrate.monitor import ResourceMonitor
-from feedrate.stream import Shares, is_stream, nothing_here, share_states
-
-if TYPE_CHECKING:
-    from feedrate.autotune import Tuner
+from feedrate.stream import is_stream, nothing_here
+from feedrate.tuning import TuningLoader
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +197,7 @@ class _Where:
     generator: Any = None  # the shuffle's state at the epoch's start
 
     def position(
-        self, scaler: torch.amp.GradScaler, loader: DataLoader, tuner: Tuner | None = None
+        self, scaler: torch.amp.GradScaler, loader: Any, tuned: TuningLoader | None = None
     ) -> Position:
         return Position(
             self.step,
@@ -207,8 +205,8 @@ class _Where:
             self.samples,
             self.generator,
             scaler.state_dict(),
-            loader_state(loader),
-            tuner.state() if tuner is not None else None,
+            tuned.stream_state() if tuned is not None else loader_state(loader),
+            tuned.state_dict() if tuned is not None else None,
         )
 
 
@@ -216,43 +214,41 @@ Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
 
 
 def _epoch_batches(
-    loader: DataLoader,
+    loader: DataLoader | TuningLoader,
     where: _Where,
     resume: Position | None,
     hw: Hardware,
     meter: Meter,
     decode: Callable[[list], torch.Tensor] | None = None,
-    candidate: bool = False,
 ) -> Batches:
     """One epoch's batches on the device. From ``resume`` the epoch goes on with the same
-    shuffle after the samples already trained (:class:`feedrate.loader.ResumableSampler`).
-    The meter's wait runs until a batch arrives; the host-to-device copy is the step's.
-    ``candidate``: a loader=autotune candidate that may fail; when its loader raises, its
-    workers are ended at once (PyTorch's shutdown of the iteration would wait on each stuck
-    one in turn)."""
+    shuffle after the samples already trained (:class:`feedrate.loader.ResumableSampler`;
+    a tuning loader goes on from its own state). The meter's wait runs until a batch
+    arrives; the host-to-device copy is the step's."""
     sampler = getattr(loader, "sampler", None)
     shuffling = getattr(sampler, "generator", None)
-    where.samples = where.batches = 0
-    if resume is not None:
+    if isinstance(loader, TuningLoader):
+        loader.set_epoch(where.epoch)  # where a resumed one goes on: its own position's
+        shuffling = None
+    elif resume is not None:
         where.samples = resume.epoch_samples
-    if resume is not None and resume.epoch_generator is not None:
+    if resume is None:
+        where.samples = 0
+    where.batches = 0
+    if resume is not None and resume.epoch_generator is not None and shuffling is not None:
         shuffling.set_state(resume.epoch_generator)
         sampler.skip = resume.epoch_samples
     order = getattr(sampler, "order", None)
     if hasattr(order, "set_epoch"):  # a DistributedSampler: this epoch's shuffle
         order.set_epoch(where.epoch)
-    if is_stream(
-        getattr(loader, "dataset", None)
-    ):  # it shuffles its shards itself (fresh workers see this)
+    if is_stream(getattr(loader, "dataset", None)):  # it shuffles its shards itself
         loader.dataset.set_epoch(where.epoch)
     where.generator = shuffling.get_state() if shuffling is not None else None
     per_batch = getattr(loader, "batch_size", None) or 0
-    with _killed_if_failed(loader, candidate):
-        batches = iter(loader)  # a worker that died while they started is named here
+    batches = iter(loader)  # a worker that died while they started is named here
     while True:
         meter.step_started()
-        with _killed_if_failed(loader, candidate):
-            batch = next(batches, _END)
+        batch = next(batches, _END)
         if batch is _END:
             return
         where.batches += 1
@@ -267,31 +263,6 @@ def _epoch_batches(
             x.to(hw.device, non_blocking=hw.non_blocking),
             y.to(hw.device, non_blocking=hw.non_blocking),
         )
-
-
-def unsteady(loader: DataLoader) -> int:
-    """The batches a loader's workers hold in flight (``num_workers x prefetch_factor``),
-    where its epochs are long enough to leave a steady stretch between their ends (4 times
-    that); else 0. An epoch's last that many batches are eaten at compute speed once the
-    sampler has run out (stalls, 32 workers x 2: windows of 5,000-7,600 samples/s where
-    the steady rate was 1,500), and as many at the next epoch's start were made while it
-    restarted. ``loader=autotune`` measures neither. Shorter epochs have no steady stretch
-    to measure, and are measured as before."""
-    workers = int(getattr(loader, "num_workers", 0) or 0)
-    if not workers:
-        return 0
-    backlog = workers * int(getattr(loader, "prefetch_factor", None) or 2)
-    try:
-        batches = len(loader)
-    except TypeError:  # no length: a stream
-        return 0
-    return backlog if batches >= 4 * backlog else 0
-
-
-def in_tail(loader: DataLoader, where: _Where) -> bool:
-    """Has the epoch reached its last :func:`unsteady` batches?"""
-    backlog = unsteady(loader)
-    return backlog > 0 and where.samples >= (len(loader) - backlog) * loader.batch_size
 
 
 def _empty_epoch(loader: DataLoader, streaming: bool) -> DatasetError:
@@ -309,39 +280,6 @@ def _uneven_inputs(model: nn.Module, streaming: bool) -> contextlib.AbstractCont
     if streaming and isinstance(model, nn.parallel.DistributedDataParallel):
         return model.join()
     return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _killed_if_failed(loader: DataLoader, candidate: bool) -> Iterator[None]:
-    """A candidate's loader that failed has its workers killed at once (``end_workers``)."""
-    try:
-        yield
-    except Exception:
-        if candidate:
-            loader.end_workers(kill=True)
-        raise
-
-
-class _CandidateFailed(Exception):
-    """loader=autotune: the candidate's loader failed; the next candidate goes on."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def _candidate_batches(batches: Batches) -> Batches:
-    """``batches``, with a failure of the loader (a worker killed, a timeout, /dev/shm full)
-    raised as :class:`_CandidateFailed`; the training step's own errors are not caught."""
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except Exception as exc:  # noqa: BLE001 - whatever the loader raised, named below
-            first = (str(exc).strip().splitlines() or [""])[0]
-            raise _CandidateFailed(f"{type(exc).__name__}: {first}") from exc
-        yield batch
 
 
 def _resident(batches: Batches, meter: Meter) -> Batches:
@@ -408,10 +346,38 @@ def agreed(cfg: DictConfig) -> bool:
     return cfg.max_seconds is not None or cfg.abandon_below is not None or bool(cfg.stream)
 
 
+def _begin(resume: Position | None, loader: Any) -> _Where:
+    """Where training starts: at step 0, or where ``resume`` stopped; a tuning loader says
+    itself which epoch it goes on in, and how far in."""
+    if resume is None:
+        return _Where(0, 0)
+    if isinstance(loader, TuningLoader):
+        epoch, batches = loader.position
+        return _Where(resume.step, epoch, batches * loader.batch_size)
+    return _Where(resume.step, resume.epoch)
+
+
+def _retune(cfg: DictConfig, meter: Meter, loader: TuningLoader, retunes: int) -> bool:
+    """``trainer.autotune.on_drift=retune``: the drift guard warned (rank 0's word, on every
+    rank) and the run may tune again; asked at epoch ends, after the tuning."""
+    at = cfg.autotune
+    if getattr(at.on_drift, "value", at.on_drift) != "retune" or retunes >= at.max_retunes:
+        return False
+    if not loader.ranks.agree(bool(meter.drift is not None and meter.drift.episodes)):
+        return False
+    log.warning(
+        "loader=autotune: the input pipeline fell behind (the drift guard warned); tuning"
+        " again from %s (trainer.autotune.on_drift=retune)",
+        loader.current.describe(),
+    )
+    loader.retune()
+    return True
+
+
 def train(
     *,
     model: nn.Module,
-    loader: DataLoader,
+    loader: DataLoader | TuningLoader,
     optimizer: torch.optim.Optimizer,
     hw: Hardware,
     cfg: DictConfig,
@@ -421,7 +387,6 @@ def train(
     checkpoints: Checkpoints | None = None,
     decode: Callable[[list], torch.Tensor] | None = None,
     preset_wait: float | None = None,
-    tuner: Tuner | None = None,
     ranks: distributed.Ranks | None = None,
 ) -> TrainResult:
     """Train for ``planned_steps``, timed by a :class:`~feedrate.meter.Meter`.
@@ -430,21 +395,21 @@ def train(
     measuring start again there. ``checkpoints`` says when to save; Ctrl-C ends the run after
     the current step, with the state saved. ``preset_wait``, the data-wait share the loader
     preset was measured with, is one reference of the drift guard (:mod:`feedrate.drift`).
-    With ``tuner`` (``loader=autotune``), the run starts in the tuning phase: each candidate
-    has its own meter, and a new loader goes on in the epoch where the one before stopped
-    (:mod:`feedrate.autotune`); the run's meter starts with the setting chosen.
+    ``loader`` may be a :class:`~feedrate.tuning.TuningLoader` (``loader=autotune``): the loop
+    only iterates it, and the run's measurement starts again once its tuning is over.
     """
     total = planned_steps(cfg, loader)
     measure = Measure(getattr(cfg.measure, "value", cfg.measure))
-    where = _Where(resume.step, resume.epoch) if resume is not None else _Where(0, 0)
+    tuned = loader if isinstance(loader, TuningLoader) else None
+    where = _begin(resume, loader)
     bar = tqdm(total=total, initial=where.step, unit="step", desc="train", **_bar_style(cfg))
-    tuning = tuner is not None and tuner.active
-    skipped = drift_before = 0
     began = time.perf_counter()
+    ranks = ranks or distributed.Ranks()
+    meter_args = dict(total=total, measure=measure, monitor=monitor, hw=hw, bar=bar, ranks=ranks)
 
     def run_meter() -> Meter:
         main = cfg
-        if tuner is not None and cfg.max_seconds is not None:  # the whole run's time
+        if tuned is not None and cfg.max_seconds is not None:  # the whole run's time
             left = max(began + cfg.max_seconds - time.perf_counter(), 0.0)
             main = OmegaConf.merge(cfg, {"max_seconds": left})
         drift = (
@@ -452,158 +417,71 @@ def train(
             if cfg.drift_rise is not None and measure is not Measure.compute
             else None
         )
-        bar.set_description("train")
-        return _meter(main, loader, drift=drift, **meter_args, start=where.step)
+        bar.set_description("train [autotune]" if tuning else "train")
+        fresh = _meter(main, loader, drift=drift, **meter_args, start=where.step)
+        fresh.start(where.step)
+        return fresh
 
-    def candidate_meter() -> Meter:
-        bar.set_description(f"train [autotune {tuner.phase}: {tuner.candidate.name}]")
-        if hasattr(monitor, "mark"):
-            monitor.mark()  # the candidate's peak memory is its own
-        return _meter(tuner.meter_config(), loader, **meter_args, start=where.step)
-
-    ranks = ranks or distributed.Ranks()
-    meter_args = dict(total=total, measure=measure, monitor=monitor, hw=hw, bar=bar, ranks=ranks)
-    if tuner is not None:
-        tuner.start()
-    meter = candidate_meter() if tuning else run_meter()
-    since, trained = (where.step, began), 0  # the candidate's first step; samples trained
+    tuning = tuned is not None and tuned.tuning
+    meter = run_meter()
+    trained, retunes, drift_before = 0, 0, 0  # samples trained; times tuned again
     scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
     if resume is not None and resume.scaler:
         scaler.load_state_dict(resume.scaler)
     model.train()
-    meter.start(where.step)
     # A stream's epochs end when it runs out, not at its length's estimate
     streaming = is_stream(getattr(loader, "dataset", None))
-    # a stream read as shares goes on mid-epoch in the next loader, as map-style data does
-    shared = isinstance(getattr(loader, "dataset", None), Shares)
     step_limit = cfg.max_steps if streaming else total
     stopped_at = None
-    tail_held = False  # loader=autotune: the epoch's tail is not measured
-    # A candidate that fails (its workers die, the memory guard trips) is dropped and the
-    # next one goes on, in one process with map-style data; a stream cannot go on mid-epoch,
-    # and under torchrun the other ranks are already waiting in the next all-reduce.
-    recoverable = tuner is not None and tuner.droppable
 
-    def switch(failure: str | None = None) -> None:
-        """The candidate's measurement is over (or it failed): the next one's loader, or the
-        choice's; a candidate that cannot be built is dropped too."""
-        nonlocal loader, meter, tuning, skipped, since, tail_held
-        seconds = time.perf_counter() - since[1]
-        finished = meter.finish()
-        if failure is None:
-            tuner.measured(finished, monitor, where.step - since[0], seconds)
-        else:
-            tuner.failed(failure, where.step - since[0], seconds)
-        skipped += skipped_samples(loader)
-        loader.end_workers()
-        while True:
-            tuning = tuner.advance()
-            try:
-                loader = tuner.build(where.step)
-                break
-            except ConfigError as exc:  # its batches in flight would not fit in /dev/shm
-                if not tuning or not recoverable:
-                    raise
-                tuner.failed(str(exc))
-        meter = candidate_meter() if tuning else run_meter()
-        meter.start(where.step)
-        since = (where.step, time.perf_counter())
-        tail_held = False  # the new loader's tail is its own
+    def position() -> Position:
+        return where.position(scaler, loader, tuned)
 
     with _uneven_inputs(model, streaming):
         while stopped_at is None:
             meter.epoch_started()
-            tail_held = False
-            dropped = tuning and recoverable  # a failed candidate is dropped: the run goes on
-            batches = _epoch_batches(loader, where, resume, hw, meter, decode, dropped)
+            batches = _epoch_batches(loader, where, resume, hw, meter, decode)
             resumed, resume = resume is not None, None  # only the first epoch resumes part-way
             if measure is Measure.compute:
                 batches = _resident(batches, meter)
-            if dropped:
-                batches = _candidate_batches(batches)
-            switching, failure = False, None
-            try:
-                for x, y in batches:
-                    loss = logits = None
-                    if measure is not Measure.loader:
-                        inputs = normalise(x, inplace=measure is not Measure.compute)
-                        loss, logits = _step(model, optimizer, scaler, hw, inputs, y)
-                    where.step += 1
-                    trained += len(y)
-                    done = meter.step_done(where.step, len(y), loss, logits, y)
-                    bar.update(1)
-                    if monitor.tripped and tuning and recoverable:
-                        failure, monitor.tripped = monitor.tripped, None
-                        break
-                    if monitor.tripped:  # the memory guard: stop before the OOM killer does
-                        raise LoaderFailure(monitor.tripped)
-                    if tuning:
-                        tuner.steps += 1
-                        tuner.samples += len(y) * tuner.ranks.world_size
-                        if not streaming and not tail_held and in_tail(loader, where):
-                            tail_held = True  # until the next epoch's backlog is eaten
-                            left = len(loader) - where.samples // loader.batch_size
-                            meter.epoch_end(where.step, left + unsteady(loader))
-                        # a map-style epoch (or shares) goes on in the next loader; a
-                        # stream's at its end
-                        switching = (shared or not streaming) and tuner.over(done)
-                        done = False  # the candidate's measurement, not the run, is over
-                    if done or (step_limit is not None and where.step >= step_limit):
-                        stopped_at = where.position(scaler, loader, tuner)
-                        break
-                    if checkpoints is not None:
-                        position = lambda: where.position(scaler, loader, tuner)  # noqa: E731
-                        _save_if_due(checkpoints, where.step, total, position, meter, bar)
-                    if switching:
-                        break
-            except _CandidateFailed as exc:
-                failure = exc.reason
-            if failure is not None or (switching and stopped_at is None):
-                states = share_states(loader) if shared else None  # before its workers end
-                batches.close()
-                epoch_done = not streaming and where.samples >= len(loader) * loader.batch_size
-                if not epoch_done:  # the next loader goes on with this epoch's shuffle
-                    resume = where.position(scaler, loader)
-                switch(failure)
-                if epoch_done:  # the next epoch's shuffle is the one a single loader's would be
-                    shuffle_after_pass(loader, where.generator)
-                if states is not None:  # ... or from the shares' positions
-                    loader.dataset.go_on(states, where.epoch)
-                if not epoch_done:
-                    continue
+            for x, y in batches:
+                loss = logits = None
+                if measure is not Measure.loader:
+                    inputs = normalise(x, inplace=measure is not Measure.compute)
+                    loss, logits = _step(model, optimizer, scaler, hw, inputs, y)
+                where.step += 1
+                trained += len(y)
+                done = meter.step_done(where.step, len(y), loss, logits, y)
+                bar.update(1)
+                if monitor.tripped:  # the memory guard: stop before the OOM killer does
+                    raise LoaderFailure(monitor.tripped)
+                if tuning and not tuned.tuning:  # the choice runs from here: measured anew
+                    tuning, done = False, False
+                    drift_before += meter.finish()["drift_warnings"]
+                    meter = run_meter()
+                if done or (step_limit is not None and where.step >= step_limit):
+                    stopped_at = position()
+                    break
+                if checkpoints is not None:
+                    _save_if_due(checkpoints, where.step, total, position, meter, bar)
             if stopped_at is None and where.batches == 0 and where.samples == 0 and not resumed:
                 raise _empty_epoch(loader, streaming)
             where.epoch += 1
             if stopped_at is None and cfg.epochs is not None and where.epoch >= cfg.epochs:
-                # a stream ran out in the last epoch
-                stopped_at = where.position(scaler, loader, tuner)
-            if stopped_at is None and tuning:
-                if streaming and tuner.over(meter.done):
-                    switch()  # the next epoch starts with the next loader
-                else:  # the restart and its backlog: in the rate over whole epochs alone
-                    meter.epoch_end(where.step, unsteady(loader))
-            elif stopped_at is None and tuner is not None and tuner.drifted(meter):
-                ended = meter.finish()  # on_drift=retune: from this epoch's start
-                drift_before += ended["drift_warnings"]
-                tuner.retune(ended)
-                tuning = True
-                meter = candidate_meter()
-                meter.start(where.step)
-                since = (where.step, time.perf_counter())
+                stopped_at = position()  # a stream ran out in the last epoch
+            elif stopped_at is None and tuned is not None and not tuning:
+                if _retune(cfg, meter, tuned, retunes):
+                    retunes, tuning = retunes + 1, True
+                    drift_before += meter.finish()["drift_warnings"]
+                    meter = run_meter()
     bar.close()
     finished = meter.finish()
     finished["drift_warnings"] += drift_before
-    if tuning:  # the run ended before the tuning did: decided on what was measured
-        tuner.measured(finished, monitor, where.step - since[0], time.perf_counter() - since[1])
-        tuner.conclude()
-        if stopped_at is not None:  # the final checkpoint resumes into the choice
-            stopped_at.autotune = tuner.state()
     return TrainResult(
         **finished,
         steps=where.step,
         epochs_started=where.epoch,
         position=stopped_at,
-        skipped=skipped,
         trained_samples=trained,
         train_seconds=time.perf_counter() - began,
     )

@@ -3,7 +3,6 @@ and loader, the normalisation on the device, and the held-out evaluation."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -13,24 +12,20 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from feedrate import checkpoint, distributed
-from feedrate.checks import start_method
 from feedrate.config import Optimizer
 from feedrate.dataset import GuardedDataset, build_dataset, num_classes, split
 from feedrate.decode import BatchDecoder, bytes_only
 from feedrate.distributed import Ranks
-from feedrate.errors import DatasetError
 from feedrate.faults import Context, check_shm, unbatchable_sample
 from feedrate.hardware import Hardware
 from feedrate.loader import build_loader, loader_kwargs
 from feedrate.model import build_model
 from feedrate.stream import (
     GuardedStream,
-    Shares,
     check_split_by_worker,
-    is_resumable,
     is_stream,
     length,
     nothing_here,
@@ -85,7 +80,8 @@ def make_input_transform(hw: Hardware, channels: int) -> Callable[..., torch.Ten
 @dataclass
 class Workload:
     """What the run trains and measures, built from the config. ``loader=autotune`` replaces
-    the loader (:meth:`switch_loader`) while the run tunes it."""
+    the loader with a tuning loader (:mod:`feedrate.autotune`), which builds each setting's
+    DataLoader with :func:`candidate_loader`."""
 
     dataset: Dataset
     train_set: GuardedDataset
@@ -207,14 +203,20 @@ def build(cfg: DictConfig, hw: Hardware, ranks: Ranks, kept: Kept | None = None)
     )
 
 
-def switch_loader(
-    work: Workload, loader: DictConfig, cfg: DictConfig, hw: Hardware, ranks: Ranks, seed: int
+def candidate_loader(
+    work: Workload,
+    loader: DictConfig,
+    cfg: DictConfig,
+    hw: Hardware,
+    worker_seed: int,
+    batch_sampler: Sampler | None = None,
 ) -> DataLoader:
-    """A new DataLoader over the same training set, from ``loader`` (this rank's settings:
-    its ``num_workers`` is not split again), its workers seeded with ``seed``; the workload's
-    from now on. Refused (ConfigError)
-    when its batches in flight cannot fit in /dev/shm. The lines every loader's build logs
-    (pinning off the GPU, workers past the cores) were said for the run's first one."""
+    """A DataLoader over the same training set, from ``loader`` (this rank's settings: its
+    ``num_workers`` is not split again), its workers seeded with ``worker_seed``, its batches
+    from ``batch_sampler`` (map-style data). Refused (ConfigError) when its batches in flight
+    cannot fit in /dev/shm. The lines every loader's build logs (pinning off the GPU, workers
+    past the cores) were said for the run's first one. The workload's ``loader_args`` and
+    ``context`` become its own."""
     quiet = logging.getLogger("feedrate.loader")
     level, quiet.level = quiet.level, logging.WARNING
     try:
@@ -228,47 +230,17 @@ def switch_loader(
             if args["num_workers"] > 1 and not work.split_checked:
                 check_split_by_worker(work.train_set.dataset, args["multiprocessing_context"])
                 work.split_checked = True
-        seeds = {"seed": cfg.trainer.seed, "worker_seed": seed}  # the order stays the run's
-        work.loader = build_loader(
-            work.train_set, args, stream=cfg.trainer.stream, ranks=ranks, **seeds
+        built = build_loader(
+            work.train_set,
+            args,
+            seed=cfg.trainer.seed,
+            worker_seed=worker_seed,
+            batch_sampler=None if is_stream(work.dataset) else batch_sampler,
         )
     finally:
         quiet.level = level
     work.loader_args, work.context = args, context
-    return work.loader
-
-
-def read_as_shares(work: Workload, parts: int, cfg: DictConfig) -> bool:
-    """``loader=autotune`` over a resumable stream: read it as ``parts`` fixed shares
-    (:class:`feedrate.stream.Shares`), which a loader of any worker count goes on from
-    mid-epoch. False (it switches at its epoch ends) when the stream cannot be copied, which
-    a stream holding a lock or an open file, fine under ``fork``, cannot. A stream that does
-    not split its work by worker is refused: each share would read all of it."""
-    if not is_resumable(work.train_set):
-        return False
-    try:
-        copy.deepcopy(work.train_set)
-    except Exception as exc:  # noqa: BLE001 - whatever the stream's copy raised, named
-        log.info(
-            "loader=autotune switches %s's loader at its epoch ends only: the stream cannot be"
-            " copied into shares (%s: %s)",
-            type(work.dataset).__qualname__,
-            type(exc).__name__,
-            exc,
-        )
-        return False
-    if not work.split_checked:
-        try:
-            check_split_by_worker(work.train_set.dataset, start_method(cfg.loader))
-        except DatasetError as exc:
-            raise DatasetError(
-                f"loader=autotune tries several worker counts, and {exc}".replace(
-                    "; or use loader.num_workers=0", "; or use a loader preset, not autotune"
-                )
-            ) from exc
-        work.split_checked = True
-    work.train_set = Shares(work.train_set, parts, seed=cfg.trainer.seed)
-    return True
+    return built
 
 
 def _first_sample(dataset: Dataset) -> torch.Tensor:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
@@ -35,6 +36,11 @@ from feedrate.tuning.ranks import Ranks
 log = logging.getLogger("feedrate.tuning")
 
 MIN_BUDGET_S = 5.0  # less than this measures nothing worth choosing by
+
+
+class Refused(Exception):
+    """``make_loader`` cannot build a setting here (its batches in flight would not fit in
+    /dev/shm, say): the setting fails as one whose workers died does."""
 
 
 def _cpu_times() -> tuple[float, float]:
@@ -122,7 +128,7 @@ class TuningLoader:
         timeout: float = 0,
         budget_s: float = 60.0,
         max_workers: int | None = None,
-        preset: str | None = None,
+        preset: Any = None,
         seed: int = 0,
         clock: Callable[[], float] = time.perf_counter,
         cpu: Callable[[], tuple[float, float]] | None = _cpu_times,
@@ -142,7 +148,7 @@ class TuningLoader:
         self.persistent = persistent_workers
         self.context = multiprocessing_context
         self.seed, self.clock, self.cpu = seed, clock, cpu
-        self.budget_s = float(budget_s)
+        self.budget_s = self.budget_asked = float(budget_s)
         self.window_s = window_seconds(self.budget_s)
         self.ranks = Ranks.current()
         cores = _usable_cores() / self.ranks.local_world_size
@@ -150,10 +156,12 @@ class TuningLoader:
         start = Setting(cores_start(cores) if num_workers is None else num_workers, prefetch_factor)
         start = Setting(start.num_workers, start.prefetch_factor if start.num_workers else None)
         self.preset, recorded = None, None
-        if preset is not None:
+        if isinstance(preset, (str, os.PathLike)):
             from feedrate.tuning.preset import LoaderPreset
 
-            self.preset = LoaderPreset(preset, self._workload())
+            preset = LoaderPreset(preset, self._workload())
+        if preset is not None:  # a file path, or an object that starts from and writes one
+            self.preset = preset
             start, recorded = self.preset.start_from(start)
         self.climb = Climb(start, Machine(cores, cap), window_s=self.window_s, recorded=recorded)
         self.make_loader = make_loader or _build
@@ -177,14 +185,23 @@ class TuningLoader:
         self._resuming = False  # a state was loaded: the next pass goes on mid-epoch
         self._in_pass = False  # a pass is under way (its generator lives)
         self._last_out = 0.0  # when the latest batch was handed out
+        self.earlier: list[dict] = []  # tunings before this one (retune)
+        self._stream_state: dict | None = None  # a stream's position, to go on from
 
     # -- what a loop uses ----------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Batches an epoch (as the DataLoader says it)."""
+        """Batches an epoch, as the DataLoader says it (a stream without ``__len__`` has
+        none: TypeError, as there)."""
         if self.stream:
-            return len(self.make_loader(self, self.current))
+            n = len(self.dataset)
+            return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
         return self._plan.epoch_batches()
+
+    @property
+    def batches_plan(self) -> Sampler | None:
+        """The batch sampler every map-style DataLoader it builds shares (None: a stream)."""
+        return None if self.stream else self._plan
 
     def __iter__(self) -> Iterator[Any]:
         return self._epoch()
@@ -202,13 +219,23 @@ class TuningLoader:
         ``get_resumed_dataloader``) instead of by :meth:`load_state_dict`."""
         if batches < 0:
             raise ValueError(f"skip({batches}): a number of batches, at least 0")
-        if self.stream and batches:
-            self._stream_restarts(batches)
-            return
         self._pos, self._resuming = batches, batches > 0
 
+    def stream_state(self) -> dict | None:
+        """A stream's position inside its epoch: the running DataLoader's state, where it
+        keeps one (a ``StatefulDataLoader`` over a stream with ``state_dict``); else None."""
+        if not self.stream or not self._in_pass or not hasattr(self._loader, "state_dict"):
+            return None
+        return self._loader.state_dict()
+
+    def load_stream_state(self, state: dict) -> None:
+        """The next pass goes on from a :meth:`stream_state` (after :meth:`load_state_dict`,
+        which says the setting it was taken with: the same workers read the rest)."""
+        self._stream_state = state
+
     def _stream_restarts(self, batches: int) -> None:
-        """A stream's position belongs to its workers: it cannot go on mid-epoch."""
+        """A stream's position belongs to its workers: without their state it cannot go on
+        mid-epoch."""
         log.warning(
             "autotune_loader: a stream (%s) cannot go on %d batches into its epoch: the epoch"
             " starts again from its first sample, and those batches are trained twice",
@@ -221,6 +248,43 @@ class TuningLoader:
     def num_workers(self) -> int:
         return self.current.num_workers
 
+    @property
+    def prefetch_factor(self) -> int | None:
+        return self.current.prefetch_factor
+
+    @property
+    def collate_fn(self) -> Callable | None:
+        """The collate function of the DataLoader now running (None between them)."""
+        return getattr(self._loader, "collate_fn", None)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(epoch, batches of it already yielded) that the next pass goes on from, as
+        :meth:`state_dict` records it."""
+        state = self.state_dict()
+        return state["epoch"], state["batches"]
+
+    def worker_seed(self) -> int:
+        """The seed of a DataLoader built now: it differs by where it starts, so one built
+        mid-epoch does not draw the first one's augmentations again."""
+        spot = self.seed * 1_000_003 + self.epoch * 10_007 + self._pos + self.ranks.rank * 7_919
+        return spot % 2**63
+
+    def retune(self, budget_s: float | None = None) -> None:
+        """Tune again from the setting now running, for up to ``budget_s`` more seconds (the
+        first tuning's budget if None): the data wait rose, the storage or the machine
+        changed. What was measured before is kept in the report's ``earlier``."""
+        budget_s = self.budget_asked if budget_s is None else budget_s
+        if self.tuning or budget_s < MIN_BUDGET_S:
+            return
+        self.earlier.append(
+            {"tried": [asdict(f) for f in self.figures], "chosen": asdict(self.choice)}
+        )
+        self.figures, self.choice, self.tuning = [], None, True
+        self.budget_s = self.spent_s + budget_s
+        self.climb = Climb(self.current, self.climb.machine, window_s=self.window_s)
+        self._probe = None
+
     def report(self) -> dict:
         """What it tried, what each measured, and what it chose."""
         return {
@@ -232,6 +296,7 @@ class TuningLoader:
             "chosen": self.choice.setting.as_dict() if self.choice else None,
             "reason": self.choice.reason if self.choice else "still tuning",
             "preset": self.written,
+            "earlier": self.earlier,
         }
 
     def state_dict(self) -> dict:
@@ -249,6 +314,8 @@ class TuningLoader:
             "spent_s": self._spent_now() if self._in_pass and self.tuning else self.spent_s,
             "samples_while_tuning": self.samples_tuning,
             "written": self.written,
+            "budget_s": self.budget_s,
+            "earlier": self.earlier,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -262,8 +329,6 @@ class TuningLoader:
         self._probe = None
         self.epoch, self._pos = int(state["epoch"]), int(state["batches"])
         self._resuming = True
-        if self.stream and self._pos:
-            self._stream_restarts(self._pos)
         self.figures = [Figure.from_dict(f) for f in state["figures"]]
         self.current = Setting(**state["current"])
         self.choice = Choice.from_dict(state["choice"]) if state["choice"] else None
@@ -271,12 +336,20 @@ class TuningLoader:
         self.spent_s = float(state["spent_s"])
         self.samples_tuning = int(state["samples_while_tuning"])
         self.written = state.get("written")
+        self.budget_s = float(state.get("budget_s", self.budget_s))
+        self.earlier = list(state.get("earlier") or [])
 
     def close(self) -> None:
         """End the workers now (they also end with the loader)."""
+        self.end_workers()
+
+    def end_workers(self, kill: bool = False) -> list[int]:
+        """End the running DataLoader's workers (``kill``: at once); their exit codes."""
+        codes = []
         if self._loader is not None:
-            _end_workers(self._loader)
+            codes = _end_workers(self._loader, kill) or []
             self._loader = None
+        return codes
 
     # -- an epoch ------------------------------------------------------------------------
 
@@ -284,6 +357,8 @@ class TuningLoader:
         self._epoch_from = self._last_out = self.clock()
         if not self.stream:
             self._plan.draw(self.epoch)
+        if self.stream and self._resuming and self._pos and self._stream_state is None:
+            self._stream_restarts(self._pos)
         if not self._resuming:
             self._pos = 0
         self._resuming, self._in_pass = False, True
@@ -311,9 +386,15 @@ class TuningLoader:
     def _run(self, setting: Setting) -> Iterator[Any]:
         """Batches from ``setting``'s loader until the epoch ends (False) or the tuning
         switches to another setting (True)."""
-        loader = self._loader_for(setting)
         self._plan.start = self._pos
         failure = None
+        try:
+            loader = self._loader_for(setting)
+        except Refused as exc:
+            if setting == self.climb.start or not self.tuning:
+                raise ConfigError(str(exc)) from exc
+            self._failed(f"refused: {exc}")
+            return True
         try:
             batches = iter(loader)
         except Exception as exc:  # noqa: BLE001 - named by _loader_failure, else raised
@@ -386,6 +467,9 @@ class TuningLoader:
             self._start_probe(setting)
         self._loader = self.make_loader(self, setting)
         self._loader_setting = setting
+        if self._stream_state is not None:  # a stream goes on where a checkpoint left it
+            self._loader.load_state_dict(self._stream_state)
+            self._stream_state = None
         return self._loader
 
     def _start_probe(self, setting: Setting) -> None:
@@ -490,9 +574,8 @@ def _usable_cores() -> float:
 
 
 def _build(tl: TuningLoader, setting: Setting):
-    """The DataLoader of ``setting``: the tuning loader's dataset, batches and arguments.
-    Its workers' seeds differ by where it starts, so a loader built mid-epoch does not draw
-    the first one's augmentations again."""
+    """The DataLoader of ``setting``: the tuning loader's dataset, batches and arguments,
+    its workers seeded by :meth:`TuningLoader.worker_seed`."""
     from feedrate.loader import _Loader
 
     args = dict(tl.loader_args)
@@ -503,8 +586,7 @@ def _build(tl: TuningLoader, setting: Setting):
             persistent_workers=tl.persistent,
             multiprocessing_context=tl.context,
         )
-    seed = (tl.seed * 1_000_003 + tl.epoch * 10_007 + tl._pos + tl.ranks.rank * 7_919) % 2**63
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(tl.worker_seed())
     if tl.stream:
         return _Loader(
             tl.dataset,
@@ -516,10 +598,9 @@ def _build(tl: TuningLoader, setting: Setting):
     return _Loader(tl.dataset, batch_sampler=tl._plan, generator=generator, **args)
 
 
-def _end_workers(loader: Any, kill: bool = False) -> None:
+def _end_workers(loader: Any, kill: bool = False) -> list[int] | None:
     end = getattr(loader, "end_workers", None)
-    if end is not None:
-        end(kill=kill)
+    return end(kill=kill) if end is not None else None
 
 
 # A candidate's loader that fails in these ways is dropped and the tuning goes on; any other

@@ -38,6 +38,11 @@ class Setting:
     num_workers: int
     prefetch_factor: int | None = None  # None: PyTorch's 2 (and none without workers)
 
+    def __post_init__(self) -> None:
+        """One way to say each setting: no prefetch without workers, 2 for PyTorch's default."""
+        depth = None if not self.num_workers else (self.prefetch_factor or 2)
+        object.__setattr__(self, "prefetch_factor", depth)
+
     @property
     def depth(self) -> int:
         return self.prefetch_factor or 2
