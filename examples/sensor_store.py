@@ -40,3 +40,20 @@ class SensorStore(Dataset):
         # the target: the next reading of the first channel, a trend plus noise
         target = np.float32(readings[0, -8:].mean() + 0.1 * rng.standard_normal())
         return {"readings": torch.from_numpy(readings), "target": torch.tensor(target)}
+
+
+class SensorEvents(SensorStore):
+    """The same store for a classifier, as feedrate's own loop trains ``(image, label)``
+    pairs (``python train.py dataset=custom
+    dataset._target_=examples.sensor_store.SensorEvents model=tiny_cnn``): three channels of
+    256 readings each, laid out as a 3x16x16 image, labelled by whether the next reading is
+    above zero."""
+
+    classes = [0, 1]
+
+    def __init__(self, length: int = 50_000, median_ms: float = 12.0, **kwargs) -> None:
+        super().__init__(length, median_ms, channels=3, window=256, **kwargs)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        sample = super().__getitem__(index)
+        return sample["readings"].view(3, 16, 16), int(sample["target"] > 0)

@@ -201,6 +201,9 @@ def test_a_run_resumed_after_tuning_goes_straight_to_the_choice(
     first = _run(tmp_path, [*_counting("map", "loader=autotune", "trainer.epochs=4"), *tune])
     done = first["autotune"]
     assert done["chosen"] is not None, "the tuning ended before the run did"
+    # the run's own figures are the choice's, measured anew after the tuning
+    assert first["samples_per_sec"] > 0 and 0 <= first["data_wait_frac"] <= 1
+    assert 0 < first["first_batch_s"] < 30, "the run's first batch, not the choice's"
     second = [*_counting("map", "loader=autotune", "trainer.epochs=5"), *tune]
     metrics = _run(tmp_path, [*second, "trainer.resume=true"])
     assert metrics["autotune"]["chosen"] == done["chosen"]

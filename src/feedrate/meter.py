@@ -244,6 +244,14 @@ class Meter:
             self._warm_end = step
             self._window_start = self._begin_measuring()
 
+    def take_over(self, before: Meter) -> None:
+        """Measuring starts anew where ``before`` measured (``loader=autotune``'s choice runs
+        from here, mid-epoch): the run's first batch and its epoch restarts are what
+        ``before`` saw."""
+        self.first_batch_s, self.restarts = before.first_batch_s, list(before.restarts)
+        self._t_iter, self._epochs = before._t_iter, before._epochs
+        self._first, self._first_epoch = False, False
+
     def epoch_started(self) -> None:
         """Before ``iter(loader)``: first_batch_s (and each restart) runs from here. Measuring
         over whole epochs (``whole_epochs_s``), a warm-up still going ends here: the start-up

@@ -218,7 +218,7 @@ def _epoch_batches(
     where: _Where,
     resume: Position | None,
     hw: Hardware,
-    meter: Meter,
+    meter: Callable[[], Meter],
     decode: Callable[[list], torch.Tensor] | None = None,
 ) -> Batches:
     """One epoch's batches on the device. From ``resume`` the epoch goes on with the same
@@ -247,7 +247,7 @@ def _epoch_batches(
     per_batch = getattr(loader, "batch_size", None) or 0
     batches = iter(loader)  # a worker that died while they started is named here
     while True:
-        meter.step_started()
+        meter().step_started()
         batch = next(batches, _END)
         if batch is _END:
             return
@@ -258,7 +258,7 @@ def _epoch_batches(
         x, y = batch
         if decode is not None:  # loader.decode=device: the input pipeline's last stage
             x = decode(x)
-        meter.batch_arrived()
+        meter().batch_arrived()
         yield (
             x.to(hw.device, non_blocking=hw.non_blocking),
             y.to(hw.device, non_blocking=hw.non_blocking),
@@ -282,13 +282,13 @@ def _uneven_inputs(model: nn.Module, streaming: bool) -> contextlib.AbstractCont
     return contextlib.nullcontext()
 
 
-def _resident(batches: Batches, meter: Meter) -> Batches:
+def _resident(batches: Batches, meter: Callable[[], Meter]) -> Batches:
     """``trainer.measure=compute``: the first batch, kept on the device and trained on again."""
     for batch in batches:
         while True:
             yield batch
-            meter.step_started()
-            meter.batch_arrived()
+            meter().step_started()
+            meter().batch_arrived()
 
 
 def _meter(
@@ -407,7 +407,7 @@ def train(
     ranks = ranks or distributed.Ranks()
     meter_args = dict(total=total, measure=measure, monitor=monitor, hw=hw, bar=bar, ranks=ranks)
 
-    def run_meter() -> Meter:
+    def run_meter(before: Meter | None = None) -> Meter:
         main = cfg
         if tuned is not None and cfg.max_seconds is not None:  # the whole run's time
             left = max(began + cfg.max_seconds - time.perf_counter(), 0.0)
@@ -419,6 +419,8 @@ def train(
         )
         bar.set_description("train [autotune]" if tuning else "train")
         fresh = _meter(main, loader, drift=drift, **meter_args, start=where.step)
+        if before is not None:
+            fresh.take_over(before)
         fresh.start(where.step)
         return fresh
 
@@ -437,13 +439,16 @@ def train(
     def position() -> Position:
         return where.position(scaler, loader, tuned)
 
+    def now() -> Meter:
+        return meter  # the meter of the moment: a new one once the tuning is over
+
     with _uneven_inputs(model, streaming):
         while stopped_at is None:
             meter.epoch_started()
-            batches = _epoch_batches(loader, where, resume, hw, meter, decode)
+            batches = _epoch_batches(loader, where, resume, hw, now, decode)
             resumed, resume = resume is not None, None  # only the first epoch resumes part-way
             if measure is Measure.compute:
-                batches = _resident(batches, meter)
+                batches = _resident(batches, now)
             for x, y in batches:
                 loss = logits = None
                 if measure is not Measure.loader:
@@ -458,7 +463,7 @@ def train(
                 if tuning and not tuned.tuning:  # the choice runs from here: measured anew
                     tuning, done = False, False
                     drift_before += meter.finish()["drift_warnings"]
-                    meter = run_meter()
+                    meter = run_meter(meter)
                 if done or (step_limit is not None and where.step >= step_limit):
                     stopped_at = position()
                     break
@@ -473,7 +478,7 @@ def train(
                 if _retune(cfg, meter, tuned, retunes):
                     retunes, tuning = retunes + 1, True
                     drift_before += meter.finish()["drift_warnings"]
-                    meter = run_meter()
+                    meter = run_meter(meter)
     bar.close()
     finished = meter.finish()
     finished["drift_warnings"] += drift_before
