@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from feedrate.checkpoint import Position
 from feedrate.config import Measure
 from feedrate.drift import DriftGuard
 
@@ -569,3 +570,22 @@ def clearly_below(times: StepTimes, floor: float, produced: bool) -> str:
         f"ended early after {times.elapsed_s:.1f} s measured: {rate:,.1f} samples/s{what},"
         f" below trainer.abandon_below={floor:,.1f}"
     )
+
+
+@dataclass
+class TrainResult:
+    """What a training run measured (:func:`feedrate.trainer.train`)."""
+
+    times: StepTimes
+    first_batch_s: float
+    epoch_restart_s: list[float]
+    steps: int
+    epochs_started: int
+    final_loss: float
+    train_accuracy: float
+    position: Position  # where training stopped: what the final checkpoint records
+    warmup: dict = field(default_factory=dict)  # how the warm-up ended (WarmUp.as_dict)
+    abandoned: str = ""  # why measuring stopped early, if it did
+    drift_warnings: int = 0  # times the input pipeline fell behind (feedrate.drift)
+    trained_samples: int = 0  # by this process, warm-up (and tuning) included
+    train_seconds: float = 0.0  # from the first step's start to the last one's end

@@ -10,8 +10,8 @@ from feedrate.meter import rate_of
 from feedrate.project import command
 
 if TYPE_CHECKING:
+    from feedrate.meter import TrainResult
     from feedrate.monitor import ResourceMonitor
-    from feedrate.trainer import TrainResult
 
 # Metrics train.py can return to a sweeper (`objective=`); all are in metrics.json.
 METRIC_NAMES = (

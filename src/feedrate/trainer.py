@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from feedrate.errors import ConfigError, DatasetError, Interrupted
 from feedrate.faults import LoaderFailure
 from feedrate.hardware import Hardware
 from feedrate.loader import loader_state, produced_samples
-from feedrate.meter import Meter, StepTimes
+from feedrate.meter import Meter, TrainResult
 from feedrate.monitor import ResourceMonitor
 from feedrate.stream import is_stream, nothing_here
 from feedrate.tuning import TuningLoader
@@ -43,24 +43,6 @@ def _bar_style(cfg: DictConfig) -> dict:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-@dataclass
-class TrainResult:
-    times: StepTimes
-    first_batch_s: float
-    epoch_restart_s: list[float]
-    steps: int
-    epochs_started: int
-    final_loss: float
-    train_accuracy: float
-    position: Position  # where training stopped: what the final checkpoint records
-    warmup: dict = field(default_factory=dict)  # how the warm-up ended (WarmUp.as_dict)
-    abandoned: str = ""  # why measuring stopped early, if it did
-    drift_warnings: int = 0  # times the input pipeline fell behind (feedrate.drift)
-    skipped: int = 0  # samples dataset.on_error=skip dropped in loaders switched away from
-    trained_samples: int = 0  # by this process, warm-up (and tuning) included
-    train_seconds: float = 0.0  # from the first step's start to the last one's end
 
 
 @dataclass
@@ -374,6 +356,72 @@ def _retune(cfg: DictConfig, meter: Meter, loader: TuningLoader, retunes: int) -
     return True
 
 
+class _Meters:
+    """The run's meter of the moment: one from the first step, and a new one where a tuning
+    loader's choice starts running (or where it tunes again), so that the run's figures are
+    the choice's; the first batch, the epoch restarts and the drift warnings carry over."""
+
+    def __init__(
+        self, cfg: DictConfig, loader: Any, where: _Where, preset_wait: float | None, **args: Any
+    ) -> None:
+        self.cfg, self.loader, self.where, self.args = cfg, loader, where, args
+        self.preset_wait = preset_wait
+        self.tuned = loader if isinstance(loader, TuningLoader) else None
+        self.tuning = self.tuned is not None and self.tuned.tuning
+        self.retunes = self.drift_before = 0
+        self.began = time.perf_counter()
+        self.now = self._new()
+
+    def __call__(self) -> Meter:
+        return self.now
+
+    def _new(self, before: Meter | None = None) -> Meter:
+        cfg, measure = self.cfg, self.args["measure"]
+        if self.tuned is not None and cfg.max_seconds is not None:  # the whole run's time
+            left = max(self.began + cfg.max_seconds - time.perf_counter(), 0.0)
+            cfg = OmegaConf.merge(cfg, {"max_seconds": left})
+        drift = None
+        if cfg.drift_rise is not None and measure is not Measure.compute:
+            drift = DriftGuard(cfg.drift_rise, cfg.drift_windows, self.preset_wait)
+        self.args["bar"].set_description("train [autotune]" if self.tuning else "train")
+        fresh = _meter(cfg, self.loader, drift=drift, **self.args, start=self.where.step)
+        if before is not None:
+            fresh.take_over(before)
+        fresh.start(self.where.step)
+        return fresh
+
+    def _renew(self) -> None:
+        self.drift_before += self.now.finish()["drift_warnings"]
+        self.now = self._new(self.now)
+
+    def step_done(self, done: bool) -> bool:
+        """After a step: where the tuning just ended, the choice's measuring starts (and the
+        tuning meter's ``done`` is not the run's)."""
+        if self.tuning and not self.tuned.tuning:
+            self.tuning, done = False, False
+            self._renew()
+        return done
+
+    def epoch_done(self) -> None:
+        """After an epoch: tune again where the drift guard asks for it."""
+        if self.tuned is not None and not self.tuning:
+            if _retune(self.cfg, self.now, self.tuned, self.retunes):
+                self.retunes, self.tuning = self.retunes + 1, True
+                self._renew()
+
+    def finish(self) -> dict:
+        finished = self.now.finish()
+        finished["drift_warnings"] += self.drift_before
+        return finished
+
+
+def _scaler(hw: Hardware, resume: Position | None) -> torch.amp.GradScaler:
+    scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
+    if resume is not None and resume.scaler:
+        scaler.load_state_dict(resume.scaler)
+    return scaler
+
+
 def train(
     *,
     model: nn.Module,
@@ -400,36 +448,12 @@ def train(
     """
     total = planned_steps(cfg, loader)
     measure = Measure(getattr(cfg.measure, "value", cfg.measure))
-    tuned = loader if isinstance(loader, TuningLoader) else None
     where = _begin(resume, loader)
     bar = tqdm(total=total, initial=where.step, unit="step", desc="train", **_bar_style(cfg))
-    began = time.perf_counter()
     ranks = ranks or distributed.Ranks()
-    meter_args = dict(total=total, measure=measure, monitor=monitor, hw=hw, bar=bar, ranks=ranks)
-
-    def run_meter(before: Meter | None = None) -> Meter:
-        main = cfg
-        if tuned is not None and cfg.max_seconds is not None:  # the whole run's time
-            left = max(began + cfg.max_seconds - time.perf_counter(), 0.0)
-            main = OmegaConf.merge(cfg, {"max_seconds": left})
-        drift = (
-            DriftGuard(cfg.drift_rise, cfg.drift_windows, preset_wait)
-            if cfg.drift_rise is not None and measure is not Measure.compute
-            else None
-        )
-        bar.set_description("train [autotune]" if tuning else "train")
-        fresh = _meter(main, loader, drift=drift, **meter_args, start=where.step)
-        if before is not None:
-            fresh.take_over(before)
-        fresh.start(where.step)
-        return fresh
-
-    tuning = tuned is not None and tuned.tuning
-    meter = run_meter()
-    trained, retunes, drift_before = 0, 0, 0  # samples trained; times tuned again
-    scaler = torch.amp.GradScaler(hw.device.type, enabled=hw.amp_dtype == torch.float16)
-    if resume is not None and resume.scaler:
-        scaler.load_state_dict(resume.scaler)
+    args = dict(total=total, measure=measure, monitor=monitor, hw=hw, bar=bar, ranks=ranks)
+    meter = _Meters(cfg, loader, where, preset_wait, **args)
+    scaler, trained = _scaler(hw, resume), 0
     model.train()
     # A stream's epochs end when it runs out, not at its length's estimate
     streaming = is_stream(getattr(loader, "dataset", None))
@@ -437,18 +461,15 @@ def train(
     stopped_at = None
 
     def position() -> Position:
-        return where.position(scaler, loader, tuned)
-
-    def now() -> Meter:
-        return meter  # the meter of the moment: a new one once the tuning is over
+        return where.position(scaler, loader, meter.tuned)
 
     with _uneven_inputs(model, streaming):
         while stopped_at is None:
-            meter.epoch_started()
-            batches = _epoch_batches(loader, where, resume, hw, now, decode)
+            meter().epoch_started()
+            batches = _epoch_batches(loader, where, resume, hw, meter, decode)
             resumed, resume = resume is not None, None  # only the first epoch resumes part-way
             if measure is Measure.compute:
-                batches = _resident(batches, now)
+                batches = _resident(batches, meter)
             for x, y in batches:
                 loss = logits = None
                 if measure is not Measure.loader:
@@ -456,39 +477,30 @@ def train(
                     loss, logits = _step(model, optimizer, scaler, hw, inputs, y)
                 where.step += 1
                 trained += len(y)
-                done = meter.step_done(where.step, len(y), loss, logits, y)
+                done = meter.step_done(meter().step_done(where.step, len(y), loss, logits, y))
                 bar.update(1)
                 if monitor.tripped:  # the memory guard: stop before the OOM killer does
                     raise LoaderFailure(monitor.tripped)
-                if tuning and not tuned.tuning:  # the choice runs from here: measured anew
-                    tuning, done = False, False
-                    drift_before += meter.finish()["drift_warnings"]
-                    meter = run_meter(meter)
                 if done or (step_limit is not None and where.step >= step_limit):
                     stopped_at = position()
                     break
                 if checkpoints is not None:
-                    _save_if_due(checkpoints, where.step, total, position, meter, bar)
+                    _save_if_due(checkpoints, where.step, total, position, meter(), bar)
             if stopped_at is None and where.batches == 0 and where.samples == 0 and not resumed:
                 raise _empty_epoch(loader, streaming)
             where.epoch += 1
             if stopped_at is None and cfg.epochs is not None and where.epoch >= cfg.epochs:
                 stopped_at = position()  # a stream ran out in the last epoch
-            elif stopped_at is None and tuned is not None and not tuning:
-                if _retune(cfg, meter, tuned, retunes):
-                    retunes, tuning = retunes + 1, True
-                    drift_before += meter.finish()["drift_warnings"]
-                    meter = run_meter(meter)
+            elif stopped_at is None:
+                meter.epoch_done()
     bar.close()
-    finished = meter.finish()
-    finished["drift_warnings"] += drift_before
     return TrainResult(
-        **finished,
+        **meter.finish(),
         steps=where.step,
         epochs_started=where.epoch,
         position=stopped_at,
         trained_samples=trained,
-        train_seconds=time.perf_counter() - began,
+        train_seconds=time.perf_counter() - meter.began,
     )
 
 

@@ -361,21 +361,7 @@ def decide(
         c for c in contestants if c.median is not None and not c.failures and not over[c.name]
     ]
     if not eligible:
-        reasons = "; ".join(
-            f"{c.label}: {over[c.name] or ', '.join(c.failures) or 'no run'}" for c in contestants
-        )
-        peaks = [c.peak_mb for c in contestants if c.peak_mb]
-        least = (
-            f"; the least any of them used was {min(peaks):,.0f} MB: raise"
-            " sweep.memory_budget_gb to at least that"
-            if budget and peaks
-            else ""
-        )
-        raise FeedrateError(
-            "no configuration ran every final run without failing"
-            + (" within the memory budget" if budget else "")
-            + f", so there is nothing to decide and no preset was written ({reasons}){least}"
-        )
+        raise _nothing_to_decide(contestants, over, budget)
     live = [c for c in eligible if not c.dropped]
     fastest = stats.fastest(live or eligible, Contestant.per_round)  # by the paired rounds
     by_median = max(eligible, key=lambda c: c.median)
@@ -401,6 +387,34 @@ def decide(
     slower = [c for c in eligible if why_slower[c.name] and c not in close]
     undecided = [c for c in eligible if c not in close and c not in slower]
     out = [c for c in contestants if c not in eligible]
+    reason = _reason(
+        winner, fastest, by_median, close, undecided, slower, versus, why_slower, margin
+    )
+    reason += _left_out(contestants, out, over)
+    return Decision(winner, fastest, best_baseline, reason, contestants, versus, why_slower)
+
+
+def _nothing_to_decide(contestants: list[Contestant], over: dict, budget: Budget | None):
+    """No contestant is eligible: the error that says why each is out."""
+    reasons = "; ".join(
+        f"{c.label}: {over[c.name] or ', '.join(c.failures) or 'no run'}" for c in contestants
+    )
+    peaks = [c.peak_mb for c in contestants if c.peak_mb]
+    least = (
+        f"; the least any of them used was {min(peaks):,.0f} MB: raise"
+        " sweep.memory_budget_gb to at least that"
+        if budget and peaks
+        else ""
+    )
+    return FeedrateError(
+        "no configuration ran every final run without failing"
+        + (" within the memory budget" if budget else "")
+        + f", so there is nothing to decide and no preset was written ({reasons}){least}"
+    )
+
+
+def _reason(winner, fastest, by_median, close, undecided, slower, versus, why, margin) -> str:
+    """Why ``winner`` won, and why each contestant close to it or undecided did not."""
     if winner is fastest:
         reason = f"{winner.label} is the fastest ({winner.median:,.1f} samples/s)"
         if by_median is not fastest:
@@ -427,7 +441,13 @@ def decide(
             + ", ".join(f"{c.label} {described(versus[c.name])}" for c in undecided)
         )
     if slower:
-        reason += "; slower: " + ", ".join(f"{c.label} ({why_slower[c.name]})" for c in slower)
+        reason += "; slower: " + ", ".join(f"{c.label} ({why[c.name]})" for c in slower)
+    return reason
+
+
+def _left_out(contestants: list[Contestant], out: list, over: dict) -> str:
+    """The contestants out of the decision: a failed final run, over the memory budget."""
+    reason = ""
     failed = [c for c in out if c.failures]
     if failed:
         reason += "; out for a failed final run: " + ", ".join(c.label for c in failed)
@@ -435,7 +455,7 @@ def decide(
         reason += "; over the memory budget: " + ", ".join(
             f"{c.label} ({over[c.name]})" for c in contestants if over[c.name]
         )
-    return Decision(winner, fastest, best_baseline, reason, contestants, versus, why_slower)
+    return reason
 
 
 def write_decision(

@@ -19,7 +19,7 @@ import logging
 import sys
 import time
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, NoReturn
 
 import optuna
 from hydra.core.utils import JobStatus
@@ -51,11 +51,7 @@ class FeedrateOptunaSweeper(OptunaSweeper):
         )
         for name in fixed:
             space.pop(name, None)
-        sampler, wanted = impl.sampler, impl.n_trials
-        if isinstance(sampler, functools.partial) and sampler.func is optuna.samplers.GridSampler:
-            grid = {name: impl._to_grid_sampler_choices(d) for name, d in space.items()}
-            sampler = sampler(grid)
-            wanted = min(wanted, _grid_size(grid))
+        sampler, wanted = _sampler(impl, space)
         directions = [getattr(d, "name", d) for d in _as_list(impl.direction)]
         try:
             study = open_study(
@@ -121,35 +117,54 @@ class FeedrateOptunaSweeper(OptunaSweeper):
                 if more and len(directions) == 1 and not getattr(launcher, "stop_reason", None):
                     _climb(study, impl.config)  # asked next; never left waiting at the end
         except KeyboardInterrupt:
-            reason = "interrupted (Ctrl-C) before the trial finished"
-            for trial in unfinished.values():
-                trial.set_user_attr(REASON_KEY, reason)
-                study.tell(trial, state=TrialState.FAIL)
-            done = sum(t.state.is_finished() for t in study.trials) - len(unfinished)
-            log.error(
-                "interrupted (Ctrl-C): trial(s) %s marked failed, %d finished trials kept in"
-                " study %s; no preset was written. Run the same command to resume the study",
-                ", ".join(map(str, unfinished)) or "none",
-                done,
-                impl.study_name,
-            )
-            sys.exit(130)
+            _interrupted(study, unfinished, impl.study_name)
         _say_skips(len(asked) - len(skips), wanted, len(skips))
-        completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if not completed:
-            log.error("no trial of the study completed")
-            return
-        if len(directions) > 1:
-            front = [{"params": t.params, "values": t.values} for t in study.best_trials]
-            results: dict[str, Any] = {"name": "optuna", "solutions": front}
-        else:
-            best = study.best_trial
-            log.info("Best parameters: %s", best.params)
-            log.info("Best value: %s", best.value)
-            results = {"name": "optuna", "best_params": best.params, "best_value": best.value}
-        OmegaConf.save(
-            OmegaConf.create(results), f"{impl.config.hydra.sweep.dir}/optimization_results.yaml"
-        )
+        _save_results(study, len(directions), impl.config.hydra.sweep.dir)
+
+
+def _sampler(impl, space: dict) -> tuple[Any, int]:
+    """The study's sampler, and the trials wanted: a grid's are at most its points."""
+    sampler, wanted = impl.sampler, impl.n_trials
+    if isinstance(sampler, functools.partial) and sampler.func is optuna.samplers.GridSampler:
+        grid = {name: impl._to_grid_sampler_choices(d) for name, d in space.items()}
+        sampler = sampler(grid)
+        wanted = min(wanted, _grid_size(grid))
+    return sampler, wanted
+
+
+def _interrupted(study: optuna.Study, unfinished: dict, study_name: str) -> NoReturn:
+    """Ctrl-C: the trials still running are marked failed (asked again when the same
+    command resumes the study), and the sweep exits."""
+    reason = "interrupted (Ctrl-C) before the trial finished"
+    for trial in unfinished.values():
+        trial.set_user_attr(REASON_KEY, reason)
+        study.tell(trial, state=TrialState.FAIL)
+    done = sum(t.state.is_finished() for t in study.trials) - len(unfinished)
+    log.error(
+        "interrupted (Ctrl-C): trial(s) %s marked failed, %d finished trials kept in"
+        " study %s; no preset was written. Run the same command to resume the study",
+        ", ".join(map(str, unfinished)) or "none",
+        done,
+        study_name,
+    )
+    sys.exit(130)
+
+
+def _save_results(study: optuna.Study, objectives: int, sweep_dir: str) -> None:
+    """optimization_results.yaml, as the Optuna sweeper writes it."""
+    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not completed:
+        log.error("no trial of the study completed")
+        return
+    if objectives > 1:
+        front = [{"params": t.params, "values": t.values} for t in study.best_trials]
+        results: dict[str, Any] = {"name": "optuna", "solutions": front}
+    else:
+        best = study.best_trial
+        log.info("Best parameters: %s", best.params)
+        log.info("Best value: %s", best.value)
+        results = {"name": "optuna", "best_params": best.params, "best_value": best.value}
+    OmegaConf.save(OmegaConf.create(results), f"{sweep_dir}/optimization_results.yaml")
 
 
 def _tell(study: optuna.Study, trial: optuna.trial.Trial, ret, skipped: str | None) -> int:
