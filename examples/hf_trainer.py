@@ -45,16 +45,27 @@ class ForecastModel(nn.Module):
         return out
 
 
+STATE_FILE = "autotune_loader.json"  # in each checkpoint folder: the tuning, to go on from
+
+
 class TunedTrainer(Trainer):
-    """The Trainer, with its train dataloader tuned while it trains."""
+    """The Trainer, with its train dataloader tuned while it trains; a checkpoint holds the
+    tuning, and a resume goes on from it (what was measured, and the choice)."""
 
     def __init__(self, *args, budget_s: float = 60.0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.budget_s = budget_s
+        self.tuned: feedrate.TuningLoader | None = None
+        self._checkpoint: str | bool | None = None
+        self.add_callback(SaveTuning(self))
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        self._checkpoint = resume_from_checkpoint
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def get_train_dataloader(self):
         a = self.args
-        return feedrate.autotune_loader(
+        loader = feedrate.autotune_loader(
             self.train_dataset,
             batch_size=a.per_device_train_batch_size,
             shuffle=True,
@@ -66,12 +77,38 @@ class TunedTrainer(Trainer):
             budget_s=self.budget_s,
             seed=a.seed,
         )
+        return self.resumed(loader)
+
+    def resumed(self, loader: feedrate.TuningLoader) -> feedrate.TuningLoader:
+        """``loader``, with the tuning of the checkpoint the Trainer resumes from."""
+        self.tuned = loader
+        checkpoint = self._checkpoint
+        if checkpoint is True:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+        saved = Path(checkpoint) / STATE_FILE if checkpoint else None
+        if saved is not None and saved.exists():
+            loader.load_state_dict(json.loads(saved.read_text()))
+        return loader
 
     def get_resumed_dataloader(self, dataloader, num_batches: int):
         """Resuming mid-epoch: the loader starts its pass after the batches trained (the
         Trainer's own way rebuilds a plain DataLoader from it, and would drop the tuning)."""
         dataloader.skip(num_batches)
         return dataloader
+
+
+class SaveTuning(TrainerCallback):
+    """Writes the tuning loader's state beside each checkpoint the Trainer saves."""
+
+    def __init__(self, trainer: TunedTrainer) -> None:
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.trainer.tuned is not None:
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            (folder / STATE_FILE).write_text(json.dumps(self.trainer.tuned.state_dict()))
 
 
 class Stop(TrainerCallback):

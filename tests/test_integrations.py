@@ -103,8 +103,10 @@ def test_the_hf_trainer_trains_every_sample_once_an_epoch_across_a_resume(tmp_pa
 
     class Fast(TunedTrainer):  # the example's Trainer, on the tests' clock
         def get_train_dataloader(self):
-            return tuning_loader(
-                self.train_dataset, collate_fn=self.data_collator, seed=self.args.seed
+            return self.resumed(
+                tuning_loader(
+                    self.train_dataset, collate_fn=self.data_collator, seed=self.args.seed
+                )
             )
 
     def train(max_steps: int, resume: str | None = None) -> tuple[list[int], Fast]:
@@ -118,8 +120,13 @@ def test_the_hf_trainer_trains_every_sample_once_an_epoch_across_a_resume(tmp_pa
         trainer.train(resume_from_checkpoint=resume)
         return model.seen, trainer
 
-    first, _ = train(37)  # a checkpoint after 37 steps, mid-epoch, and the run ends
+    first, before = train(37)  # a checkpoint after 37 steps, mid-epoch, and the run ends
+    saved = json.loads((tmp_path / "checkpoint-37" / "autotune_loader.json").read_text())
     second, trainer = train(-1, resume=str(tmp_path / "checkpoint-37"))
+    # the tuning went on from the checkpoint's: what it had measured, and its seconds
+    assert saved["figures"] and saved["batches"] == 37 % (SAMPLES // 4)
+    assert trainer.tuned.report()["tried"][: len(saved["figures"])] == saved["figures"]
+    assert trainer.tuned.report()["seconds"] >= saved["spent_s"]
     assert len(first) == 37 * 4
     seen = first + second
     epochs = [seen[e * SAMPLES : (e + 1) * SAMPLES] for e in range(EPOCHS)]
