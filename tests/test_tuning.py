@@ -153,6 +153,22 @@ def test_every_sample_once_an_epoch_across_switches(persistent):
     assert loader.report()["chosen"] is not None
 
 
+def test_tuned_again_it_measures_again_from_its_choice_with_persistent_workers_too():
+    """retune() (the drift guard's on_drift=retune): the next epoch measures the setting it
+    runs, whose persistent workers go on, and climbs from there; every sample still once."""
+    loader = tuning_loader(Indices(240), persistent_workers=True)
+    while loader.tuning:
+        assert sorted(epoch_of(loader)) == list(range(240))
+    chosen = loader.current
+    loader.retune(budget_s=12.0)
+    assert loader.tuning and loader.report()["earlier"][0]["chosen"]["setting"] == {
+        "num_workers": chosen.num_workers,
+        "prefetch_factor": chosen.prefetch_factor,
+    }
+    assert sorted(epoch_of(loader)) == list(range(240))
+    assert loader.figures and loader.figures[0].setting == chosen
+
+
 def test_a_resumed_loader_goes_on_mid_epoch_with_its_tuning():
     loader = tuning_loader(Indices(240))
     batches = iter(loader)

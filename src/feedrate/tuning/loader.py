@@ -395,11 +395,11 @@ class TuningLoader(Saved):
         return len(self._plan.batches) - self._pos < self._probe.backlog
 
     def _loader_for(self, setting: Setting):
+        if self.tuning and self._probe is None:  # (a persistent loader tuned again too)
+            self._start_probe(setting)
         if self._loader is not None and self._loader_setting == setting:
             return self._loader
         self.close()
-        if self.tuning and self._probe is None:
-            self._start_probe(setting)
         self._loader = self.make_loader(self, setting)
         self._loader_setting = setting
         if self._stream_state is not None:  # a stream goes on where a checkpoint left it
