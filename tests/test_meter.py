@@ -65,7 +65,6 @@ class Run:
         window=None,
         workers=0,
         agree=None,
-        epoch_steps=None,
         **cfg,
     ) -> None:
         self.clock, self.monitor, self.syncs, self.produced = Clock(), Monitor(), 0, 0
@@ -88,7 +87,6 @@ class Run:
             clock=self.clock,
             drift=drift,
             workers=workers,
-            epoch_steps=epoch_steps,
             **({"agree": agree} if agree is not None else {}),
         )
         self.step = 0
@@ -104,20 +102,6 @@ class Run:
             self.produced += produce
             self.step += 1
             if self.meter.step_done(self.step, batch, **step_args) or self.step >= self.total:
-                return True
-        return False
-
-    def epochs(self, n, steps, restart, first=None, produce=10) -> bool:
-        """``n`` epochs of ``steps`` (the first ``first``: a loader built mid-epoch), as
-        loader=autotune's loop runs them, telling the meter of each end; each next epoch's
-        first batch waits ``restart`` s more (the workers refill their queues)."""
-        for e in range(n):
-            if e:
-                self.meter.epoch_end(self.step)
-                self.meter.epoch_started()
-            if self.steps(1, wait=0.01 + (restart if e else 0.0), produce=produce):
-                return True
-            if self.steps((first if first and not e else steps) - 1, produce=produce):
                 return True
         return False
 
@@ -209,12 +193,12 @@ def test_samples_produced_meanwhile_are_counted_to_take_the_lower_of_the_two():
 
 
 def test_where_workers_never_idle_a_queue_drained_in_the_window_is_not_throughput():
-    """loader=autotune's windows (``sustained``) and streams: the rate is the lower of
-    consumed and produced. Training eats 200 samples/s from a queue the workers refill at 80
+    """Streams (the sweep's trials): the rate is the lower of consumed and produced. Training
+    eats 200 samples/s from a queue the workers refill at 80
     (a backlog behind a stalled batch): 80 is what the setting sustains."""
     from feedrate.meter import rate_of
 
-    drained = Run(total=10_000, abandon_below=150.0, sustained=True)
+    drained = Run(total=10_000, abandon_below=150.0, stream=True)
     assert drained.steps(10_000, produce=4) is True
     assert "below trainer.abandon_below=150.0" in drained.meter.abandoned
     assert rate_of(drained.meter.times, produced=True) == pytest.approx(80.0)
@@ -222,22 +206,6 @@ def test_where_workers_never_idle_a_queue_drained_in_the_window_is_not_throughpu
     plain.steps(200, produce=4)
     assert plain.meter.abandoned == ""
     assert rate_of(plain.meter.times, produced=False) == pytest.approx(200.0)
-
-
-def test_a_candidate_clearly_below_the_floor_stops_in_its_warm_up_where_asked():
-    """loader=autotune's warm-up steps train the run: a setting whose two settling windows,
-    after 1 s, are both below the floor stops there, before a measured second of it."""
-    slow = dict(total=10_000, steady_state=True, abandon_below=100.0)
-    early = Run(**slow, abandon_warming=True)  # 10 samples a 0.21 s step: 47.6 samples/s
-    assert early.steps(10_000, compute=0.2) is True
-    assert early.meter.times.step_s == [], "nothing measured"
-    assert "ended early in its warm-up after 2.1 s: 47.6 samples/s" in early.meter.abandoned
-    assert early.step == 10, "the 2 warm-up steps, then two settling windows of 4"
-    late = Run(**slow)  # the sweep's trials: warm up, then measure a second and two windows
-    assert late.steps(10_000, compute=0.2) is True
-    assert "ended early after" in late.meter.abandoned and late.step > early.step
-    fast = Run(total=60, steady_state=True, abandon_below=100.0, abandon_warming=True)
-    assert fast.steps(60) is True and fast.meter.abandoned == ""  # 200 samples/s
 
 
 def test_a_checkpoint_closes_the_window_and_measuring_resumes_after_a_fresh_warm_up():
@@ -473,123 +441,3 @@ def test_the_summary_says_n_a_for_figures_nothing_measured():
     )
     assert "samples/s        n/a" in text and "data wait        n/a of step time" in text
     assert "memory (PSS)     812 MB peak over 3 processes" in text
-
-
-def test_over_whole_epochs_a_short_epochs_restart_is_in_the_figure():
-    """loader=autotune where an epoch is short (``whole_epochs_s``): from the warm-up's end to
-    the same step of the next epoch, the restart included, whatever ``max_seconds`` says;
-    windows paused at the epochs' ends read the steady rate alone. 20 steps of 10 samples in
-    0.05 s each, and a 1 s restart: 200 samples in 2 s an epoch."""
-    from feedrate.meter import rate_of
-
-    short = dict(total=10_000, steady_state=True, max_seconds=0.5, sustained=True)
-    whole = Run(**short, whole_epochs_s=10.0, epoch_steps=20)
-    assert whole.epochs(10, steps=20, restart=1.0) is True
-    times = whole.meter.times
-    assert whole.meter.whole_epochs and times.by_epochs
-    assert len(times.step_s) == 20, "one whole epoch, though max_seconds ended before it"
-    assert rate_of(times, produced=True) == pytest.approx(100.0)
-    assert times.epochs_measured == (200, pytest.approx(2.0))
-    # over whole epochs what training consumed is the figure, not the workers' count
-    slow_count = Run(**short, whole_epochs_s=10.0, epoch_steps=20)
-    assert slow_count.epochs(10, steps=20, restart=1.0, produce=5) is True
-    assert rate_of(slow_count.meter.times, produced=True) == pytest.approx(100.0)
-    windows = Run(**short)  # as before: the epochs' ends left out
-    assert windows.epochs(10, steps=20, restart=1.0) is True
-    assert rate_of(windows.meter.times, produced=True) == pytest.approx(200.0)
-    # an epoch longer than whole_epochs_s (20 steps a second): windows
-    long = Run(**short, whole_epochs_s=0.5, epoch_steps=20)
-    assert long.epochs(10, steps=20, restart=1.0) is True
-    assert not long.meter.whole_epochs
-    assert rate_of(long.meter.times, produced=True) == pytest.approx(200.0)
-    # ... unless the queue holds a quarter of it or more (8 of 20 batches), up to 3 x as long
-    queued = Run(**short, whole_epochs_s=0.5, epoch_steps=20, backlog=8)
-    assert queued.epochs(10, steps=20, restart=1.0) is True
-    assert queued.meter.whole_epochs
-    assert rate_of(queued.meter.times, produced=True) == pytest.approx(100.0)
-
-
-def test_over_whole_epochs_a_warm_up_still_going_at_an_epochs_start_ends_there():
-    """A candidate built 8 steps before its epoch's end, with a start-up backlog of 15
-    batches: at the next epoch's start the start-up is behind, so the measurement is that
-    epoch, its restart first; 8 steps in 0.4 s say an epoch fits in ``whole_epochs_s``."""
-    from feedrate.meter import rate_of
-
-    run = Run(
-        total=10_000, backlog=15, steady_state=True, max_seconds=0.5, sustained=True,
-        whole_epochs_s=10.0, epoch_steps=20,
-    )  # fmt: skip
-    assert run.epochs(10, steps=20, restart=1.0, first=8) is True
-    assert run.step == 8 + 20, "its first epoch's last step"
-    assert len(run.meter.times.step_s) == 20
-    assert rate_of(run.meter.times, produced=True) == pytest.approx(100.0)
-
-
-def test_over_whole_epochs_the_phases_way_holds_whatever_the_candidates_rate():
-    """``whole_epochs`` (loader=autotune's phase, once one candidate was measured so): True
-    measures an epoch too long for ``whole_epochs_s`` whole; False keeps a short one in
-    windows."""
-    from feedrate.meter import rate_of
-
-    short = dict(total=10_000, steady_state=True, max_seconds=0.5, sustained=True)
-    forced = Run(**short, whole_epochs_s=0.5, epoch_steps=20, whole_epochs=True)
-    assert forced.epochs(10, steps=20, restart=1.0) is True
-    assert forced.meter.whole_epochs
-    assert rate_of(forced.meter.times, produced=True) == pytest.approx(100.0)
-    kept = Run(**short, whole_epochs_s=10.0, epoch_steps=20, whole_epochs=False)
-    assert kept.epochs(10, steps=20, restart=1.0) is True
-    assert not kept.meter.whole_epochs
-    assert rate_of(kept.meter.times, produced=True) == pytest.approx(200.0)
-
-
-def test_over_whole_epochs_a_candidate_is_abandoned_on_what_its_whole_epoch_can_reach():
-    """Its measurement starts at an epoch's start (its warm-up still going there), so its
-    first windows hold a 3 s restart and few steps: 23.5 samples/s after two. Its whole
-    epoch reads 80 (400 samples in 5 s), and at most a whole epoch's samples over the time
-    so far is what ``abandon_below`` is held against: 70 keeps it, 90 ends it before the
-    epoch's end."""
-    from feedrate.meter import rate_of
-
-    args = dict(
-        total=10_000, backlog=15, steady_state=True, max_seconds=0.5, sustained=True,
-        whole_epochs_s=10.0, epoch_steps=40,
-    )  # fmt: skip
-    kept = Run(**args, abandon_below=70.0)
-    assert kept.epochs(10, steps=40, restart=3.0, first=8) is True
-    assert kept.meter.abandoned == ""
-    assert len(kept.meter.times.step_s) == 40
-    assert rate_of(kept.meter.times, produced=True) == pytest.approx(80.0)
-    ended = Run(**args, abandon_below=90.0)
-    assert ended.epochs(10, steps=40, restart=3.0, first=8) is True
-    assert "at most, over the whole epoch it is in, below" in ended.meter.abandoned
-    assert len(ended.meter.times.step_s) < 40
-
-
-def test_over_whole_epochs_a_checkpoint_leaves_its_pause_out_and_the_epochs_end_in():
-    """A save one step before the measurement's epoch end: measuring goes on through it (a
-    re-warm would have taken in that end, and measured on to the next), and the save's
-    0.5 s is not in the figure."""
-    from feedrate.meter import rate_of
-
-    run = Run(
-        total=10_000, steady_state=True, max_seconds=0.5, sustained=True,
-        whole_epochs_s=10.0, epoch_steps=20,
-    )  # fmt: skip
-
-    def step() -> bool:
-        if run.step and run.step % 20 == 0:  # the epoch's end, then the next one's restart
-            run.meter.epoch_end(run.step)
-            run.meter.epoch_started()
-            return run.steps(1, wait=1.01)
-        return run.steps(1)
-
-    while run.meter._warm_end is None:
-        step()
-    end = run.meter._warm_end + 20
-    while run.step < end - 1:
-        assert not step()
-    run.clock.now += 0.5  # the save
-    run.meter.checkpoint_paused(run.step)
-    assert step() is True and run.step == end
-    assert len(run.meter.times.step_s) == 20
-    assert rate_of(run.meter.times, produced=True) == pytest.approx(100.0)

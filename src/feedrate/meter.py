@@ -29,11 +29,6 @@ class StepTimes:
     samples: int = 0  # consumed by training
     produced: int | None = None  # produced by the workers in the same time (None: no workers)
     elapsed_s: float = 0.0
-    # Measured over whole epochs (loader=autotune, where an epoch is short: Meter.whole_epochs):
-    # the samples and measured seconds at the last whole epoch's end; None before the first
-    by_epochs: bool = False
-    epochs_measured: tuple[int, float] | None = None
-    epoch_steps: int = 0  # over whole epochs: the steps of one
 
 
 class WarmUp:
@@ -173,12 +168,8 @@ class Meter:
         workers: int = 0,  # the loader's: the warm-up's backlog ends once the queue runs dry
         agree: Callable[[bool], bool] = lambda mine: mine,
         agree_all: Callable[[bool], bool] = lambda mine: mine,
-        epoch_steps: int | None = None,  # the loader's steps an epoch (None: a stream)
     ) -> None:
         self.cfg, self.total, self.measure = cfg, total, measure
-        self.epoch_steps = epoch_steps
-        self._queue = backlog  # the batches its workers hold (num_workers x prefetch_factor)
-        self._cycle = 0  # measured over whole epochs of this many steps (0: windows)
         # Under torchrun, rank 0's decision on every rank (feedrate.distributed.flag): when
         # measuring is over, so every rank measures the same steps and the job's rate is a
         # sum over one window. Called at the same steps on every rank.
@@ -254,17 +245,7 @@ class Meter:
         self._first, self._first_epoch = False, False
 
     def epoch_started(self) -> None:
-        """Before ``iter(loader)``: first_batch_s (and each restart) runs from here. Measuring
-        over whole epochs (``whole_epochs_s``), a warm-up still going ends here: the start-up
-        is behind, and from an epoch's start every epoch restarts alike."""
-        if self._warm_end is None and self.warm.steps and self.cfg.get("whole_epochs_s"):
-            seconds = self.clock() - self.warm.started_at  # start-up in: a rate at least
-            self._cycle = self._epoch_fits(self.warm.steps / seconds if seconds > 0 else None)
-            if self._cycle:
-                self._warm_end = self._step
-                self.warm.follow()
-                self.times.by_epochs, self.times.epoch_steps = True, self._cycle
-                self._open(restart=False)
+        """Before ``iter(loader)``: first_batch_s (and each restart) runs from here."""
         self._t_iter = self.clock()
         # the run's first batch: an epoch resumed at its very end (a checkpoint taken at an
         # epoch's last step) yields none, and the next epoch's first batch is it
@@ -306,8 +287,6 @@ class Meter:
             if self.agree_all(settled):
                 self._warm_end = step
                 self.warm.follow()
-                self._cycle = self._epoch_fits(self.warm.rates[-1] if self.warm.rates else None)
-                self.times.by_epochs, self.times.epoch_steps = bool(self._cycle), self._cycle
             elif step >= self.total - 1:  # one step left: measure it anyway
                 self._warm_end = step
                 self.warm.cut_short()
@@ -318,10 +297,6 @@ class Meter:
                     self.warm.steps,
                     self.warm.backlog,
                 )
-            if not self.abandoned and self._slow_while_warming(samples):
-                # this rank's word; loader=autotune takes rank 0's (Tuner.over), and the
-                # collectives above and below are called at the same steps on every rank
-                self.done = True
         measured_step = step - self._warm_end if self._warm_end is not None else -1
         restart = step == self._rewarm_until  # the warm-up after a checkpoint is over
         self._measured = measured_step > 0 and step > self._rewarm_until
@@ -331,30 +306,10 @@ class Meter:
             self._record(step, samples)
         return self.done
 
-    @property
-    def whole_epochs(self) -> bool:
-        """Measured over whole epochs (``whole_epochs_s``): the epochs' ends and restarts are
-        in the figure, so the loop does not pause the meter at them."""
-        return bool(self._cycle)
-
-    def epoch_end(self, step: int, extra: int = 0) -> None:
-        """``loader=autotune``: an epoch's end is reached after ``step`` (its tail, or its
-        last step). Windows pause through it (:meth:`checkpoint_paused`, ``extra`` steps more);
-        whole epochs measure it."""
-        if not self.whole_epochs:
-            self.checkpoint_paused(step, extra)
-
     def checkpoint_paused(self, step: int, extra: int = 0) -> None:
         """A checkpoint was saved after ``step`` (every rank pauses, under torchrun for rank
         0's save): close the window; measuring resumes after a fresh warm-up, ``extra``
-        steps longer (what comes next is not steady state: ``loader=autotune``'s epoch ends).
-        Asked again before measuring resumed, the longer of the two holds. Over whole epochs
-        the save's own pause is left out and measuring goes on: a re-warm could take in the
-        epoch's end, which the figure is measured up to."""
-        if self._cycle and self._warm_end is not None:
-            if self._t_prev_end is not None:
-                self._t_prev_end = self.clock()  # the next step is timed from after the save
-            return
+        steps longer. Asked again before measuring resumed, the longer of the two holds."""
         if self._warm_end is not None and not self._measured:
             self._rewarm_until = max(self._rewarm_until, step + self.cfg.warmup_steps + extra)
             return
@@ -390,49 +345,6 @@ class Meter:
 
     # -- inside ----------------------------------------------------------------------------
 
-    def _slow_while_warming(self, samples: int) -> bool:
-        """``abandon_warming`` (``loader=autotune``, whose warm-up steps are the run's): its
-        last two settling windows, after 1 s, both below ``abandon_below``. They come after
-        the start-up backlog, so a rate that low is the setting's own, and every second
-        more of it costs the run samples (2 workers on reads that stall: 10 s a candidate
-        at 224 samples/s, where 32 workers trained 2,000)."""
-        cfg, warm = self.cfg, self.warm
-        floor = cfg.abandon_below
-        if floor is None or not cfg.get("abandon_warming", False) or len(warm.rates) < 2:
-            return False
-        seconds = self.clock() - warm.started_at
-        rates = [r * samples for r in warm.rates[-2:]]
-        if seconds < 1.0 or max(rates) >= floor:
-            return False
-        self.abandoned = (
-            f"ended early in its warm-up after {seconds:.1f} s: {max(rates):,.1f} samples/s at"
-            f" most in its last two settling windows, below trainer.abandon_below={floor:,.1f}"
-        )
-        return True
-
-    def _epoch_fits(self, rate: float | None) -> int:
-        """``whole_epochs_s``: does an epoch take at most that long at ``rate`` (steps/s, the
-        warm-up's), or three times that where it is short against the queue (fewer than four
-        queues of batches: no steady stretch between its ends)? The warm-up's rate is low
-        where it straddles restarts, which are what a short epoch is made of. Then the
-        measurement runs from here to the same step of the next epoch
-        (and on, whole epochs, until ``max_seconds``), so the epoch's end and restart are in
-        the figure as the run will pay them at every epoch. A window between them misses
-        that where the epoch is short against the queue: photos, 47 batches an epoch, 32
-        workers x 2 read 847.6 samples/s in windows and then sustained 628.6, paying a 2.8 s
-        first batch at every epoch (0.6 s with 7 workers). Rank 0's word under torchrun. The
-        epoch's steps
-        (0: windows as usual). ``whole_epochs`` True or False (loader=autotune's tuning
-        phase, once one of its candidates was measured so) decides it for every candidate of
-        a phase alike, whatever its rate: figures taken both ways do not compare."""
-        limit, mode = self.cfg.get("whole_epochs_s"), self.cfg.get("whole_epochs")
-        if not limit or not self.epoch_steps or mode is False:
-            return 0
-        seconds = self.epoch_steps / rate if rate else math.inf
-        short = self.epoch_steps < 4 * self._queue
-        fits = bool(mode) or seconds <= limit or (short and seconds <= 3 * limit)
-        return self.epoch_steps if self.agree(fits) else 0
-
     def _begin_measuring(self) -> float:
         """Warm-up over: the device quiet, memory sampled, then the clock starts."""
         self.sync()
@@ -462,15 +374,11 @@ class Meter:
         # workers started together deliver in bursts, one batch each, then all wait again; a
         # step cut off there is one batch for a whole burst's wait (32 workers: 0.6 s for 64
         # samples, 0.81 of the steady rate in a 3 s trial).
-        # over whole epochs, measuring ends only where one does (at the warm-up's step of it)
-        epoch_end = bool(self._cycle) and (step - self._warm_end) % self._cycle == 0
         window_end = self._window_steps + 1 >= self.window_steps or step == self.total
-        window_end = window_end or epoch_end
         if window_end:
             self.sync()
             t2 = self.clock()
         out_of_time = cfg.max_seconds is not None and t2 - self._measure_start >= cfg.max_seconds
-        out_of_time = out_of_time and (epoch_end or not self._cycle)
         wait = self._t1 - self._t0
         times.wait_s.append(wait)
         times.step_s.append(t2 - self._t0)
@@ -482,8 +390,6 @@ class Meter:
         if window_end:
             self._close(t2, step)
         times.elapsed_s += t2 - self._t0  # the measured steps' own time, pauses left out
-        if epoch_end:
-            times.epochs_measured = (times.samples, times.elapsed_s)
         if window_end:
             if cfg.abandon_below is not None:
                 self.abandoned = clearly_below(times, cfg.abandon_below, sustained(cfg))
@@ -527,23 +433,16 @@ class Meter:
 
 def sustained(cfg: Any) -> bool:
     """Is the rate the lower of consumed and produced? Where the workers never idle for want
-    of indices: a stream, and ``loader=autotune``'s windows (``sustained``), which leave the
-    epochs' tails out. There a queue drained during the window cannot pass for throughput:
-    reads that stall one time in 40, 32 workers x 2: a 2.7 s window ate 2,705 samples/s
-    from the backlog of batches in order behind a stalled one, a rate the setting then
-    sustained at 1,320."""
-    return bool(cfg.stream or cfg.get("sustained", False))
+    of indices: a stream (the sweep's trials). There a queue drained during the window
+    cannot pass for throughput: reads that stall one time in 40, 32 workers x 2: a 2.7 s
+    window ate 2,705 samples/s from the backlog of batches in order behind a stalled one, a
+    rate the setting then sustained at 1,320."""
+    return bool(cfg.stream)
 
 
 def rate_of(times: StepTimes, produced: bool) -> float | None:
     """Samples/s over the measured time: consumed, or with ``produced`` (:func:`sustained`)
-    the lower of that and what the workers produced meanwhile. Over whole epochs
-    (``by_epochs``), what training consumed in them: the end of the epoch and its restart
-    are in that time, and the queue is where it was at the start; before the first ended,
-    as over windows. None: nothing measured."""
-    if times.by_epochs and times.epochs_measured is not None:
-        samples, seconds = times.epochs_measured
-        return samples / seconds if seconds > 0 else None
+    the lower of that and what the workers produced meanwhile. None: nothing measured."""
     if times.elapsed_s <= 0:
         return None
     rate = times.samples / times.elapsed_s
@@ -555,19 +454,14 @@ def rate_of(times: StepTimes, produced: bool) -> float | None:
 def clearly_below(times: StepTimes, floor: float, produced: bool) -> str:
     """Why a sweep trial can stop measuring now: after 1 s and two windows, its running rate
     (:func:`rate_of`) is below ``floor`` (the sweep's: half its best trial). Empty while it
-    may still catch up. Over whole epochs before the first one's end, the running rate holds
-    the restart and only part of the epoch; its figure will be at most a whole epoch's
-    samples over the time so far, and that bound is what is held against ``floor``."""
+    may still catch up."""
     if times.elapsed_s < 1.0 or len(times.window_rates) < 2:
         return ""
-    rate, what = rate_of(times, produced), ""
-    if times.by_epochs and times.epochs_measured is None and times.step_s:
-        rate = times.samples / len(times.step_s) * times.epoch_steps / times.elapsed_s
-        what = " at most, over the whole epoch it is in"
+    rate = rate_of(times, produced)
     if rate >= floor:
         return ""
     return (
-        f"ended early after {times.elapsed_s:.1f} s measured: {rate:,.1f} samples/s{what},"
+        f"ended early after {times.elapsed_s:.1f} s measured: {rate:,.1f} samples/s,"
         f" below trainer.abandon_below={floor:,.1f}"
     )
 

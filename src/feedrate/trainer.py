@@ -289,10 +289,6 @@ def _meter(
     """The meter of ``loader`` from step ``start`` on, measured as ``cfg`` says; under
     torchrun every rank's windows open and close at rank 0's steps."""
     workers = getattr(loader, "num_workers", 0) or 0
-    try:  # whole epochs of a map-style loader (autotune's candidates, whole_epochs_s)
-        epoch_steps = None if is_stream(getattr(loader, "dataset", None)) else len(loader)
-    except TypeError:  # no length
-        epoch_steps = None
     return Meter(
         cfg,
         total=total,
@@ -308,7 +304,6 @@ def _meter(
         sync=lambda: _sync(hw.device),
         bar=bar,
         drift=drift,
-        epoch_steps=epoch_steps,
         **(
             {
                 "agree": functools.partial(distributed.flag, ranks=ranks),
