@@ -368,21 +368,6 @@ class EpochAfterEpoch(Sampler[int]):
         return len(self.order) * PASSES
 
 
-def shuffle_after_pass(loader: DataLoader, state: torch.Tensor | None) -> None:
-    """Set ``loader``'s shuffle where a whole pass that started at ``state`` leaves it: the
-    next pass draws the order the one loader of a plain run would. A loader built fresh
-    starts from the seed, and one switched in at an epoch's end (``loader=autotune``) trained
-    the first epoch's order again. The pass is drawn, not copied from the loader before: it
-    stopped at its last batch, before its sampler drew what it draws at its end."""
-    sampler = getattr(loader, "sampler", None)
-    generator = getattr(sampler, "generator", None)
-    if generator is None or state is None:
-        return
-    generator.set_state(state)
-    for _ in sampler.order:  # only the shuffle's draws: no sample is loaded
-        pass
-
-
 class ResumableSampler(Sampler[int]):
     """``order``, whose next pass can start ``skip`` indices in (to resume mid-epoch).
 
