@@ -366,3 +366,38 @@ def check_sweep(config: DictConfig) -> None:
             )
     if problems:
         raise ConfigError("invalid sweep:\n  - " + "\n  - ".join(problems))
+
+
+def climb_step(trials: list, best: Any, config: DictConfig) -> tuple[dict, str] | None:
+    """A loader sweep's next trial, once the fastest trial so far (``best``, of ``trials``,
+    the study's) is at or past the top seed and has the most workers tried yet: it, with
+    twice the workers (:func:`next_rung`), and the line that says why; None otherwise. TPE
+    alone rarely proposes past the seeds: it models the region it has seen. A trial the
+    guard then skips (or a slower one) ends it."""
+    from optuna.trial import TrialState
+
+    workers = "loader.num_workers"  # loader_search_space's
+    completed = [t for t in trials if t.state == TrialState.COMPLETE]
+    if not completed:
+        return None
+    fastest = best.params.get(workers)
+    tried = [
+        t.params.get(workers, t.system_attrs.get("fixed_params", {}).get(workers)) for t in trials
+    ]
+    tried = [int(n) for n in tried if n is not None]
+    if fastest is None or fastest < max(seed_workers(config)):
+        return None  # the seeds bracket the peak: the search (and sweep.bound_by_seeds) goes on
+    rung = next_rung(int(fastest), max(tried, default=0), max_workers(config))
+    if rung is None:
+        return None
+    params = {**best.params, workers: rung}
+    latest = max(completed, key=lambda t: t.number).distributions  # this sweep's space
+    shared = {k: v for k, v in params.items() if k in latest}
+    if in_space(params, best.distributions) != params or in_space(shared, latest) != shared:
+        return None  # a value this sweep does not search (a resumed study's wider space)
+    said = (
+        f"the fastest trial so far ({fastest} workers, {config.get('objective', 'samples_per_sec')}"
+        f" {best.value:.1f}) has the most workers tried yet: the next trial is it with {rung}"
+        " workers"
+    )
+    return params, said

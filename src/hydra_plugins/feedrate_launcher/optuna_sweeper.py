@@ -194,41 +194,21 @@ def _tell(study: optuna.Study, trial: optuna.trial.Trial, ret, skipped: str | No
 
 
 def _climb(study: optuna.Study, config) -> None:
-    """A loader sweep's next trial, once the fastest trial so far is at or past the top seed
-    and has the most workers tried yet: it, with twice the workers
-    (:func:`feedrate.sweep.space.next_rung`). TPE alone rarely proposes past the seeds: it
-    models the region it has seen. A trial the guard then skips (or a slower one) ends it."""
-    workers = "loader.num_workers"  # feedrate.sweep.space.loader_search_space's
+    """The search policy's next trial, where it has one
+    (:func:`feedrate.sweep.space.climb_step`), asked next."""
     if not config.get("sweep"):
         return
-    from feedrate.sweep.space import in_space, max_workers, next_rung, seed_workers
+    from feedrate.sweep.space import climb_step
 
     trials = study.get_trials(deepcopy=False)  # one read of a shared study's storage
-    completed = [t for t in trials if t.state == TrialState.COMPLETE]
-    if not completed:
+    if not any(t.state == TrialState.COMPLETE for t in trials):
         return
-    best = study.best_trial
-    fastest = best.params.get(workers)
-    tried = [
-        t.params.get(workers, t.system_attrs.get("fixed_params", {}).get(workers)) for t in trials
-    ]
-    tried = [int(n) for n in tried if n is not None]
-    if fastest is None or fastest < max(seed_workers(config)):
-        return  # the seeds bracket the peak: the search (and sweep.bound_by_seeds) goes on
-    rung = next_rung(int(fastest), max(tried, default=0), max_workers(config))
-    if rung is None:
+    step = climb_step(trials, study.best_trial, config)
+    if step is None:
         return
-    params = {**best.params, workers: rung}
-    latest = max(completed, key=lambda t: t.number).distributions  # this sweep's space
-    shared = {k: v for k, v in params.items() if k in latest}
-    if in_space(params, best.distributions) != params or in_space(shared, latest) != shared:
-        return  # a value this sweep does not search (a resumed study's wider space)
+    params, said = step
     study.enqueue_trial(params, skip_if_exists=True)  # another sweeper may have just done it
-    log.info(
-        "the fastest trial so far (%d workers, %s %.1f) has the most workers tried yet: the"
-        " next trial is it with %d workers",
-        *(fastest, config.get("objective", "samples_per_sec"), best.value, rung),
-    )
+    log.info("%s", said)
 
 
 def _say_skips(ran: int, wanted: int, skipped: int) -> None:
