@@ -73,6 +73,27 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None
     )
 
 
+@pytest.fixture
+def train_here(monkeypatch, capsys):
+    """``python train.py ARGS`` as :func:`run_cli` runs it, in this process (no interpreter
+    to start): a CompletedProcess whose stdout and stderr both hold all it printed and
+    logged. ``env``'s PYTHONPATH goes on sys.path, its other variables into the environment.
+    For what a process shows alone (a traceback on the terminal, Hydra's own command-line
+    errors, signals), :func:`run_cli`."""
+    from . import fakes
+
+    def _run(*args: str, cwd: Path = ROOT, env: dict | None = None):
+        for key, value in (env or {}).items():
+            if key == "PYTHONPATH":
+                monkeypatch.syspath_prepend(value)
+            else:
+                monkeypatch.setenv(key, value)
+        done = fakes.train(cwd, *args, monkeypatch=monkeypatch, capsys=capsys)
+        return subprocess.CompletedProcess(list(args), done.returncode, done.out, done.out)
+
+    return _run
+
+
 def run_torchrun(ranks: int, *args: str, cwd: Path = ROOT, env: dict | None = None):
     """Run ``torchrun --standalone --nproc_per_node=RANKS train.py ARGS`` on the CPU."""
     return subprocess.run(

@@ -186,10 +186,22 @@ def sweep(project: Path, *args: str, runner, monkeypatch, capsys) -> Swept:
     """``python train.py -m ARGS`` in ``project`` (its train.py and conf/), in this process,
     every trial run by ``runner``. Hydra composes and runs it as ``@hydra.main`` does; the
     sweep's exit status is its ``sys.exit`` (0 when it returns)."""
+    monkeypatch.setattr("feedrate.sweep.host.runner_for", lambda config, name: runner)
+    return _as_hydra_main(project, args, True, monkeypatch, capsys)
+
+
+def train(project: Path, *args: str, monkeypatch, capsys) -> Swept:
+    """``python train.py ARGS`` in ``project`` (its train.py and conf/), in this process, as
+    ``@hydra.main`` runs it: its exit status is its ``sys.exit`` (0 when it returns), its
+    output what it printed and logged. An error that escapes feedrate raises here, as it
+    would end the process with a traceback."""
+    return _as_hydra_main(project, args, False, monkeypatch, capsys)
+
+
+def _as_hydra_main(project: Path, args, multirun: bool, monkeypatch, capsys) -> Swept:
     monkeypatch.chdir(project)
     monkeypatch.syspath_prepend(str(project))  # a dataset class of the project's own
-    monkeypatch.setattr(sys, "argv", [str(project / "train.py"), "-m", *args])
-    monkeypatch.setattr("feedrate.sweep.host.runner_for", lambda config, name: runner)
+    monkeypatch.setattr(sys, "argv", [str(project / "train.py"), *(["-m"] * multirun), *args])
     capsys.readouterr()
     GlobalHydra.instance().clear()
     with _logging_kept(), execution_whitelist(TRUSTED_TARGETS):  # as train.py's @hydra.main
@@ -200,12 +212,15 @@ def sweep(project: Path, *args: str, runner, monkeypatch, capsys) -> Swept:
                 config_path="conf",
                 job_name="train",
             )
-            app.multirun(
+            run = app.multirun if multirun else app.run
+            done = run(
                 config_name="train",
                 task_function=feedrate.launch.main,
                 overrides=list(args),
                 with_log_configuration=True,
             )
+            if not multirun:
+                done.return_value  # noqa: B018 - raises what the run raised
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1

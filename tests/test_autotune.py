@@ -9,8 +9,6 @@ import os
 import re
 import shutil
 import signal
-import threading
-import time
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ import yaml
 
 import feedrate
 import feedrate.errors
+from feedrate.tuning import TuningLoader
 
 from .conftest import CONF, run_torchrun
 from .counting import recorded
@@ -152,18 +151,20 @@ def test_a_setting_that_fails_is_dropped_and_the_run_goes_on_from_where_it_was(
     assert _each_once(tmp_path, 2)
 
 
-def _interrupt_after(directory, batches: int) -> threading.Thread:
-    """Ctrl-C to this process once the model has recorded ``batches`` batches."""
+def _interrupt_at_the_first_switch(monkeypatch) -> None:
+    """Ctrl-C to this process once the tuning loader's second setting starts training (map
+    data: mid-epoch; a stream: at its epoch's end), however fast or slow this machine is."""
+    original, settings = TuningLoader._loader_for, []
 
-    def watch() -> None:
-        path = directory / "rank0.txt"
-        while not path.exists() or len(path.read_text().splitlines()) < batches:
-            time.sleep(0.01)
-        os.kill(os.getpid(), signal.SIGINT)
+    def loader_for(self, setting):
+        loader = original(self, setting)
+        if setting not in settings:
+            settings.append(setting)
+            if len(settings) == 2:
+                os.kill(os.getpid(), signal.SIGINT)  # the run stops after this step
+        return loader
 
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+    monkeypatch.setattr(TuningLoader, "_loader_for", loader_for)
 
 
 @pytest.mark.parametrize("kind", ["map", "stream"])
@@ -177,8 +178,7 @@ def test_a_run_stopped_while_tuning_resumes_into_the_tuning(
     run = tmp_path / "run"
     overrides = [*_counting(kind, "loader=autotune", "trainer.epochs=3", latency_ms=4), *QUICK]
     cfg = feedrate.compose(overrides, config_dir=CONF)
-    # (a stream switches at its epoch ends only: stopped in its second epoch)
-    _interrupt_after(tmp_path, 70 if kind == "map" else 170)
+    _interrupt_at_the_first_switch(monkeypatch)  # (a stream: in its second epoch)
     with pytest.raises(feedrate.errors.Interrupted, match="interrupted"):
         feedrate.run(cfg, output_dir=run)
     saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["autotune"]
@@ -289,21 +289,21 @@ def test_a_key_of_the_old_tuner_is_named_as_unknown(compose):
 
 
 @pytest.mark.slow
-def test_on_drift_retune_tunes_again_once_the_data_wait_rose(tmp_path, caplog):
-    """Storage 20 ms a sample slower after 8 s: the drift guard warns, and the run tunes
+def test_on_drift_retune_tunes_again_once_the_data_wait_rose(tmp_path, short_windows, caplog):
+    """Storage 20 ms a sample slower after 4 s: the drift guard warns, and the run tunes
     again at the next epoch's start, from the setting it chose before."""
     overrides = [
         "dataset=synthetic",
         "dataset.n_samples=640",
         "dataset.image_size=32",
         "dataset.io_latency_ms=1",
-        "dataset.slowdown_after_s=8",
+        "dataset.slowdown_after_s=4",
         "dataset.slowdown_ms=20",
         "loader=autotune",
         "loader.batch_size=16",
         "trainer.max_steps=null",
         "trainer.epochs=1000",
-        "trainer.max_seconds=30",
+        "trainer.max_seconds=14",
         "trainer.window_steps=5",
         "trainer.drift_windows=3",
         "trainer.autotune.on_drift=retune",

@@ -273,8 +273,8 @@ def test_cli_typo_names_the_key_without_a_traceback():
     assert "Traceback" not in proc.stderr
 
 
-def test_cli_bad_value_exits_2_with_one_message(tmp_path):
-    proc = run_cli("loader.persistent_workers=true", f"hydra.run.dir={tmp_path}")
+def test_cli_bad_value_exits_2_with_one_message(tmp_path, train_here):
+    proc = train_here("loader.persistent_workers=true", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2, proc.stderr
     out = proc.stdout + proc.stderr
     assert "loader.persistent_workers=true needs worker processes" in out

@@ -15,7 +15,7 @@ from feedrate.checks import check_picklable, find_unpicklable
 from feedrate.dataset import GuardedDataset, RunSplit, build_dataset
 from feedrate.errors import ConfigError, DatasetError
 
-from .conftest import PHOTOS, TINY, run_cli
+from .conftest import PHOTOS, TINY
 
 
 def test_photos_build_once_then_reuse(compose, photos_root, caplog, monkeypatch):
@@ -154,8 +154,8 @@ def test_the_path_starts_at_the_users_dataset_through_the_runs_wrappers():
         check_picklable(theirs, "spawn")
 
 
-def test_cli_refuses_an_unpicklable_dataset_before_spawning(tmp_path):
-    proc = run_cli(
+def test_cli_refuses_an_unpicklable_dataset_before_spawning(tmp_path, train_here):
+    proc = train_here(
         "dataset=custom",
         "dataset._target_=tests.test_sweep.HoldsLock",
         "loader=notebook",  # spawn workers

@@ -52,8 +52,8 @@ def test_a_batch_of_bytes_becomes_a_batch_of_augmented_images(compose, photos_ro
     assert batch.shape == (5, *first.shape) and batch.dtype == first.dtype
 
 
-def test_train_py_decodes_on_the_device_or_says_it_cannot(photos_root, tmp_path):
-    proc = run_cli(
+def test_train_py_decodes_on_the_device_or_says_it_cannot(photos_root, tmp_path, train_here):
+    proc = train_here(
         *shrink(
             [
                 *PHOTOS,
@@ -69,7 +69,8 @@ def test_train_py_decodes_on_the_device_or_says_it_cannot(photos_root, tmp_path)
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["run"]["loader"]["decode"] == "device" and m["val_accuracy"] is not None
     assert "decodes each batch on the CPU" in proc.stdout  # no CUDA here, and it says so
-    refused = run_cli(*shrink(["loader.decode=device"]))  # in-memory synthetic images
+    # in-memory synthetic images
+    refused = train_here(*shrink(["loader.decode=device", f"hydra.run.dir={tmp_path / 'no'}"]))
     assert refused.returncode == 2
     assert "which the dataset SyntheticDataset cannot hand over" in refused.stdout
     typo = run_cli(*shrink(["loader.decode=gpu"]))  # the schema's, before anything runs

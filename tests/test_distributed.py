@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from feedrate import hardware, provenance
-from feedrate.sweep.preset import render
+from feedrate.tuning.preset import render
 
 from .conftest import run_cli, run_torchrun, shrink
 

@@ -533,10 +533,12 @@ class CudaAfterFork(Exploding):
 
 
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
-def test_cuda_in_a_forked_worker_is_not_blamed_on_a_sample_nor_skipped(tmp_path, on_error):
+def test_cuda_in_a_forked_worker_is_not_blamed_on_a_sample_nor_skipped(
+    tmp_path, on_error, train_here
+):
     # Seen on an H200: the sample guard wrapped this error as "sample 0 could not be loaded",
     # hiding the start method behind it; with on_error=skip every sample would be dropped.
-    proc = run_cli(
+    proc = train_here(
         *shrink(["dataset=custom", "dataset._target_=tests.test_faults.CudaAfterFork"]),
         "loader.num_workers=2",
         f"dataset.on_error={on_error}",
@@ -576,8 +578,8 @@ def test_cuda_before_fork_is_named_on_a_gpu(tmp_path):
         ("Unbatchable", 2, "a sample holds a <class 'PIL.Image.Image'>"),
     ],
 )
-def test_samples_the_collate_cannot_batch_are_named(tmp_path, cls, workers, expected):
-    proc = run_cli(
+def test_samples_the_collate_cannot_batch_are_named(tmp_path, cls, workers, expected, train_here):
+    proc = train_here(
         *shrink(["dataset=custom", f"dataset._target_=tests.test_faults.{cls}"]),
         f"loader.num_workers={workers}",
         f"hydra.run.dir={tmp_path}",

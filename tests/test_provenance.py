@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from feedrate import hardware, provenance
-from feedrate.sweep.preset import MARKER, plain_data_problems, render
+from feedrate.tuning.preset import MARKER, plain_data_problems, render
 
-from .conftest import ROOT, run_cli, shrink
+from .conftest import ROOT, shrink
 
 # Machines no test runs on (not the CI's, nor a GPU host's)
 GPU_NODE = {"usable_cores": 24.0, "gpu_name": "Example GPU X1", "gpu_count": 3, "ram_gb": 96.0}
@@ -117,14 +117,16 @@ def project(tmp_path) -> Path:
     return tmp_path
 
 
-def test_a_preset_moved_to_another_machine_warns_and_auto_picks_this_ones(project, here):
+def test_a_preset_moved_to_another_machine_warns_and_auto_picks_this_ones(
+    project, here, train_here
+):
     loader = project / "conf" / "loader"
     _write(loader, "moved", {"num_workers": 1}, _measured_on(here, **GPU_NODE))
     _write(loader, "mine", {"num_workers": 2, "prefetch_factor": 3}, _measured_on(here))
-    moved = run_cli(*shrink(["loader=moved", f"hydra.run.dir={project}/moved"]), cwd=project)
+    moved = train_here(*shrink(["loader=moved", f"hydra.run.dir={project}/moved"]), cwd=project)
     assert moved.returncode == 0, moved.stderr[-3000:]
     assert moved.stdout.count("loader=moved was measured elsewhere: tuned on 24 cores") == 1
-    mine = run_cli(*shrink(["loader=mine", f"hydra.run.dir={project}/mine"]), cwd=project)
+    mine = train_here(*shrink(["loader=mine", f"hydra.run.dir={project}/mine"]), cwd=project)
     assert mine.returncode == 0 and "measured elsewhere" not in mine.stdout
     doctor = subprocess.run(
         [sys.executable, "-m", "feedrate.doctor", "--no-measure", *shrink(["loader=moved"])],
@@ -135,7 +137,7 @@ def test_a_preset_moved_to_another_machine_warns_and_auto_picks_this_ones(projec
     )
     line = next(ln for ln in doctor.stdout.splitlines() if "measured elsewhere" in ln)
     assert line.startswith("[warn]") and "loader=moved was measured elsewhere: tuned on 24" in line
-    auto = run_cli(
+    auto = train_here(
         *shrink(["loader=auto", "loader.timeout=30", f"hydra.run.dir={project}/auto"]),
         cwd=project,
     )

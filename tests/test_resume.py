@@ -16,7 +16,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 import feedrate
 
-from .conftest import CONF, ROOT, run_cli, shrink
+from .conftest import CONF, ROOT, shrink
 
 # 60 steps of ~30 ms (16 samples x 4 ms simulated I/O over 2 workers): slow enough to stop
 # half-way, with a checkpoint every 5 steps. Samples are the same for the same index, so the
@@ -41,8 +41,7 @@ def uninterrupted(tmp_path_factory):
     def state(extra: tuple[str, ...]) -> dict:
         if extra not in states:
             run_dir = tmp_path_factory.mktemp("uninterrupted")
-            proc = run_cli(*shrink([*RUN, *extra, f"hydra.run.dir={run_dir}"]))
-            assert proc.returncode == 0, proc.stderr[-2000:]
+            feedrate.run(feedrate.compose(shrink([*RUN, *extra]), config_dir=CONF), run_dir)
             states[extra] = _state(run_dir)
         return states[extra]
 
@@ -105,7 +104,7 @@ def _session_processes(sid: int) -> list[psutil.Process]:
     ],
     ids=["killed", "ctrl-c", "killed-persistent-workers"],
 )
-def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, uninterrupted, sig, extra):
+def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, uninterrupted, sig, extra, train_here):
     stopped, sid = _stop_after_a_checkpoint(tmp_path, sig, extra)
     assert stopped.returncode in (-signal.SIGKILL, 130), stopped.stdout[-2000:]
     assert not (tmp_path / "metrics.json").exists()  # the run never finished
@@ -119,7 +118,9 @@ def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, uninterrupted, sig,
     time.sleep(0.5)
     assert not _session_processes(sid), "workers outlived the run"
 
-    resumed = run_cli(*shrink([*RUN, *extra, f"hydra.run.dir={tmp_path}", "trainer.resume=true"]))
+    resumed = train_here(
+        *shrink([*RUN, *extra, f"hydra.run.dir={tmp_path}", "trainer.resume=true"])
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resuming from {tmp_path / 'checkpoints' / 'last.pt'} at step {at} of 60" in (
         resumed.stderr + resumed.stdout
@@ -132,11 +133,11 @@ def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, uninterrupted, sig,
     torch.testing.assert_close(final["optimizer"], reference["optimizer"])
 
 
-def test_a_run_never_overwrites_another_runs_checkpoint(tmp_path):
-    first = run_cli(*shrink([f"hydra.run.dir={tmp_path}"]))
+def test_a_run_never_overwrites_another_runs_checkpoint(tmp_path, train_here):
+    first = train_here(*shrink([f"hydra.run.dir={tmp_path}"]))
     assert first.returncode == 0, first.stderr[-2000:]
     before = (tmp_path / "checkpoints" / "last.pt").read_bytes()
-    again = run_cli(*shrink([f"hydra.run.dir={tmp_path}"]))
+    again = train_here(*shrink([f"hydra.run.dir={tmp_path}"]))
     assert again.returncode == 2
     assert "already holds a checkpoint: continue that run with trainer.resume=true" in (
         again.stderr + again.stdout
@@ -154,19 +155,19 @@ def test_a_run_never_overwrites_another_runs_checkpoint(tmp_path):
         ),
     ],
 )
-def test_resume_and_checkpoint_paths_are_checked(tmp_path, overrides, expected):
-    proc = run_cli(*shrink([f"hydra.run.dir={tmp_path / 'run'}", *overrides]))
+def test_resume_and_checkpoint_paths_are_checked(tmp_path, overrides, expected, train_here):
+    proc = train_here(*shrink([f"hydra.run.dir={tmp_path / 'run'}", *overrides]))
     assert proc.returncode == 2
     assert expected in proc.stderr + proc.stdout
     assert not (tmp_path / "elsewhere").exists()
 
 
-def test_a_checkpoint_holding_code_is_refused(tmp_path):
+def test_a_checkpoint_holding_code_is_refused(tmp_path, train_here):
     # torch.load(weights_only=True) refuses pickled objects: a checkpoint is data.
     ckpt = tmp_path / "checkpoints" / "last.pt"
     ckpt.parent.mkdir(parents=True)
     torch.save({"format": 1, "model": psutil.Process}, ckpt)
-    proc = run_cli(*shrink([f"hydra.run.dir={tmp_path}", "trainer.resume=true"]))
+    proc = train_here(*shrink([f"hydra.run.dir={tmp_path}", "trainer.resume=true"]))
     assert proc.returncode == 2
     assert f"cannot resume from {ckpt}: UnpicklingError" in proc.stderr + proc.stdout
 

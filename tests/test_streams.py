@@ -179,16 +179,16 @@ def test_webdataset_trains_from_the_command_line(shards, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_resumed_webdataset_goes_on_from_where_it_stopped(shards, tmp_path):
+def test_a_resumed_webdataset_goes_on_from_where_it_stopped(shards, tmp_path, train_here):
     """An epoch stopped at step 5 and resumed ends at the step an unbroken epoch ends at."""
     common = ["loader.batch_size=4", "trainer.save_checkpoint=true", "trainer.epochs=1"]
     common += ["model=pooled_linear"]  # a worker's last batch may hold one sample: no batch norm
-    whole = run_cli(*_webdataset(shards, tmp_path / "whole", *common, "trainer.max_steps=null"))
+    whole = train_here(*_webdataset(shards, tmp_path / "whole", *common, "trainer.max_steps=null"))
     assert whole.returncode == 0, whole.stderr[-3000:]
     steps = json.loads((tmp_path / "whole" / "metrics.json").read_text())["steps"]
-    first = run_cli(*_webdataset(shards, tmp_path, *common, "trainer.max_steps=5"))
+    first = train_here(*_webdataset(shards, tmp_path, *common, "trainer.max_steps=5"))
     assert first.returncode == 0, first.stderr[-3000:]
-    again = run_cli(
+    again = train_here(
         *_webdataset(shards, tmp_path, *common, "trainer.max_steps=null", "trainer.resume=true")
     )
     assert again.returncode == 0, again.stderr[-3000:]
@@ -305,14 +305,14 @@ def test_a_users_stream_resumes_on_each_rank_from_its_own_position(tmp_path):
     assert sum(seen.values()) == 101 - 48 and set(seen.values()) == {1}
 
 
-def test_a_stream_without_a_state_restarts_its_epoch_and_says_so(tmp_path):
+def test_a_stream_without_a_state_restarts_its_epoch_and_says_so(tmp_path, train_here):
     env = {"PYTHONPATH": str(tmp_path)}
-    first = run_cli(
+    first = train_here(
         *_numbers(tmp_path, "trainer.save_checkpoint=true", "trainer.max_steps=3"), env=env
     )
     assert first.returncode == 0, first.stdout[-3000:]
     (tmp_path / "seen").rmdir()  # no workers: nothing written there
-    again = run_cli(*_numbers(tmp_path, "trainer.resume=true"), env=env)
+    again = train_here(*_numbers(tmp_path, "trainer.resume=true"), env=env)
     assert again.returncode == 0, again.stdout[-3000:]
     assert (
         "the stream's position is not restored (Numbers has no state_dict/load_state_dict):"
@@ -337,25 +337,25 @@ def test_the_probe_tells_a_stream_that_splits_from_one_that_does_not(tmp_path):
         check_split_by_worker(whole, "fork")
 
 
-def test_a_stream_every_worker_reads_whole_is_refused(tmp_path):
+def test_a_stream_every_worker_reads_whole_is_refused(tmp_path, train_here):
     overrides = _numbers(tmp_path, "+dataset.split=false", "loader.num_workers=2")
-    proc = run_cli(*overrides, env={"PYTHONPATH": str(tmp_path)})
+    proc = train_here(*overrides, env={"PYTHONPATH": str(tmp_path)})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-2000:]
     assert "every DataLoader worker reads the same samples of the stream Numbers" in out
     assert "get_worker_info()" in out and "Traceback" not in out
 
 
-def test_a_stream_is_refused_a_val_split_a_skip_from_outside_and_emptiness(tmp_path):
+def test_a_stream_is_refused_a_val_split_a_skip_from_outside_and_emptiness(tmp_path, train_here):
     env = {"PYTHONPATH": str(tmp_path)}
-    held_out = run_cli(*_numbers(tmp_path, "trainer.val_fraction=0.2"), env=env)
+    held_out = train_here(*_numbers(tmp_path, "trainer.val_fraction=0.2"), env=env)
     assert held_out.returncode == 2, held_out.stdout[-2000:]
     assert "cannot hold out samples of the stream Numbers" in held_out.stdout
     (tmp_path / "seen").rmdir()
-    skipping = run_cli(*_numbers(tmp_path, "dataset.on_error=skip"), env=env)
+    skipping = train_here(*_numbers(tmp_path, "dataset.on_error=skip"), env=env)
     assert skipping.returncode == 2, skipping.stdout[-2000:]
     assert "a stream ends at its first exception" in skipping.stdout
     (tmp_path / "seen").rmdir()
-    empty = run_cli(*_numbers(tmp_path, "dataset.n=0"), env=env)
+    empty = train_here(*_numbers(tmp_path, "dataset.n=0"), env=env)
     assert empty.returncode == 2, empty.stdout[-2000:]
     assert "the stream Numbers yielded nothing in this process" in empty.stdout

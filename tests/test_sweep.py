@@ -32,6 +32,7 @@ import feedrate
 from feedrate import hardware, stats
 from feedrate.config import Measure
 from feedrate.errors import ConfigError
+from feedrate.project import preset_file
 from feedrate.resolvers import workload_key
 from feedrate.sweep import ceiling
 from feedrate.sweep.decide import (
@@ -44,9 +45,9 @@ from feedrate.sweep.decide import (
     settled,
 )
 from feedrate.sweep.feasibility import Budget, FeasibilityGuard, Footprint, memory_budget, predict
-from feedrate.sweep.preset import AUTOTUNE_MARKER, MARKER, check_writable, preset_path, render
 from feedrate.sweep.report import pareto_front
 from feedrate.sweep.report import rows as report_rows
+from feedrate.sweep.search import Search
 from feedrate.sweep.space import (
     check_sweep,
     default_threads,
@@ -59,6 +60,7 @@ from feedrate.sweep.space import (
     worker_bound,
 )
 from feedrate.sweep.trial import Fresh, TrialResult, run_trial
+from feedrate.tuning.preset import AUTOTUNE_MARKER, MARKER, check_writable, render
 
 from . import fakes
 from .conftest import ROOT
@@ -354,7 +356,7 @@ def test_hand_written_preset_is_protected(tmp_path):
 @pytest.mark.parametrize("name", ["../evil", "a/b", "", "x.yaml"])
 def test_preset_names_cannot_leave_the_loader_directory(tmp_path, name):
     with pytest.raises(ConfigError, match="not a valid preset name"):
-        preset_path(tmp_path, name)
+        preset_file(tmp_path, name, "sweep")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,11 +423,9 @@ def test_with_ranks_on_the_node_the_search_is_each_ranks_share(compose, monkeypa
     with pytest.raises(ConfigError, match=r"sweep.ranks_per_node=0 must be at least 1"):
         checked("sweep.ranks_per_node=0")
     # a trial's early stop compares a rank's rate: the floor is a rank's share of the job's
-    from hydra_plugins.feedrate_launcher.trial_launcher import FeedrateTrialLauncher
-
-    launcher = FeedrateTrialLauncher()
-    launcher.best = 1000.0
-    floor = launcher._abandon(compose("sweep=loader", "sweep.ranks_per_node=2"), "samples_per_sec")
+    search = Search()
+    search.took(1000.0)
+    floor = search.abandon(compose("sweep=loader", "sweep.ranks_per_node=2"), "samples_per_sec")
     assert floor == ["trainer.abandon_below=250.0"]
     # another study and another preset than the one-process sweep's, which stays
     one, two = compose("sweep=loader"), compose("sweep=loader", "sweep.ranks_per_node=2")
@@ -469,24 +469,22 @@ def test_the_ceiling_says_where_the_loader_alone_falls():
 
 
 def test_trials_past_the_seeds_bound_are_skipped_not_run(compose, monkeypatch):
-    from hydra_plugins.feedrate_launcher.trial_launcher import FeedrateTrialLauncher
-
     monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 2.0)
     base = ["sweep=loader", "sweep.max_workers=32"]
-    launcher = FeedrateTrialLauncher()
+    search = Search()
     for workers, value in ((2, 644.0), (8, 570.0), (32, 567.0)):
-        launcher._learn_bound(compose(*base, f"loader.num_workers={workers}"), value)
-    skip = launcher._past_bound(compose(*base, "loader.num_workers=12"))
+        search.learn_bound(compose(*base, f"loader.num_workers={workers}"), value)
+    skip = search.past_bound(compose(*base, "loader.num_workers=12"))
     assert skip is not None and skip.reason.startswith("12 workers: the seeds past 2")
-    assert launcher._past_bound(compose(*base, "loader.num_workers=8")) is None
-    off = FeedrateTrialLauncher()
+    assert search.past_bound(compose(*base, "loader.num_workers=8")) is None
+    off = Search()
     for workers, value in ((2, 644.0), (8, 570.0), (32, 567.0)):
         cfg = compose(*base, "sweep.bound_by_seeds=false", f"loader.num_workers={workers}")
-        off._learn_bound(cfg, value)
-    assert off._past_bound(compose(*base, "loader.num_workers=12")) is None
-    top = FeedrateTrialLauncher()  # seeds 2 and 8 under sweep.max_workers=8
+        off.learn_bound(cfg, value)
+    assert off.past_bound(compose(*base, "loader.num_workers=12")) is None
+    top = Search()  # seeds 2 and 8 under sweep.max_workers=8
     for workers, value in ((2, 644.0), (8, 570.0)):
-        top._learn_bound(
+        top.learn_bound(
             compose("sweep=loader", "sweep.max_workers=8", f"loader.num_workers={workers}"), value
         )
     assert top.bound is None, "a bound at the top seed bounds nothing"
@@ -867,16 +865,9 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
         f"# Software: torch {importlib.metadata.version('torch')}" in text and "Python 3." in text
     )
     assert "_target_" not in text
-    loaded = subprocess.run(
-        [sys.executable, "train.py", "loader=tiny", "--cfg", "job"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert loaded.returncode == 0, loaded.stderr
     written = OmegaConf.load(preset)
-    assert OmegaConf.create(loaded.stdout).loader.num_workers == written.num_workers
+    loaded = feedrate.compose(["loader=tiny"], config_dir=project / "conf")  # as Hydra does
+    assert loaded.loader.num_workers == written.num_workers
     # the re-measure line runs the winner's settings again, as one plain run
     remeasured = subprocess.run(
         [sys.executable, "train.py", *again, f"hydra.run.dir={project}/again"],
@@ -1775,51 +1766,42 @@ def _confirmed_at(value: float, calls: list):
 
 
 def test_the_search_stops_near_the_ceiling_only_when_a_second_run_agrees():
-    from hydra_plugins.feedrate_launcher.trial_launcher import FeedrateTrialLauncher
-
-    launcher = FeedrateTrialLauncher()
-    limit = ceiling.Ceiling(ceiling.LOADER, 1000.0, None, "32 workers")
-    launcher._ceiling, launcher._ceiling_read = limit, True
+    search = Search(ceiling.Ceiling(ceiling.LOADER, 1000.0, None, "32 workers"))
     config = OmegaConf.create({"sweep": {"stop_within": 0.03}})
     calls: list[float] = []
-    launcher._check_ceiling(config, 3, 900.0, _confirmed_at(990.0, calls))
-    assert calls == [] and launcher.stop_reason is None, "0.90 of it: not near, nothing rerun"
-    launcher._check_ceiling(config, 4, 985.0, _confirmed_at(900.0, calls))
-    assert calls == [900.0] and launcher.stop_reason is None, "lucky once: the search goes on"
-    launcher._check_ceiling(config, 5, 985.0, _confirmed_at(975.0, calls))
-    assert launcher.stop_reason.startswith("trial 5 reaches 0.98 of what this machine allows")
-    assert "and 0.97 in a second run" in launcher.stop_reason
+    search.check_ceiling(config, 3, 900.0, _confirmed_at(990.0, calls))
+    assert calls == [] and search.stop_reason is None, "0.90 of it: not near, nothing rerun"
+    search.check_ceiling(config, 4, 985.0, _confirmed_at(900.0, calls))
+    assert calls == [900.0] and search.stop_reason is None, "lucky once: the search goes on"
+    search.check_ceiling(config, 5, 985.0, _confirmed_at(975.0, calls))
+    assert search.stop_reason.startswith("trial 5 reaches 0.98 of what this machine allows")
+    assert "and 0.97 in a second run" in search.stop_reason
 
 
 def test_a_ceiling_measured_higher_the_second_time_keeps_the_search_going(tmp_path):
     """One short loader-only run can be unlucky: photos on 2 cores read 770 and 903 samples/s
     at the same 2 workers in two sweeps. Before stopping, the ceiling is measured again and
     the higher figure kept."""
-    from hydra_plugins.feedrate_launcher.trial_launcher import FeedrateTrialLauncher
-
-    launcher = FeedrateTrialLauncher()
-    launcher._ceiling = ceiling.Ceiling(ceiling.LOADER, 1000.0, None, "2 workers", 2)
-    launcher._ceiling_read = True
+    search = Search(ceiling.Ceiling(ceiling.LOADER, 1000.0, None, "2 workers", 2))
     config = OmegaConf.create(
         {"sweep": {"stop_within": 0.03}, "hydra": {"sweep": {"dir": str(tmp_path)}}}
     )
     calls: list[float] = []
-    launcher._check_ceiling(
+    search.check_ceiling(
         config, 4, 985.0, _confirmed_at(980.0, calls), _confirmed_at(1100.0, calls)
     )
-    assert calls == [1100.0] and launcher.stop_reason is None, "measured again, no confirm"
+    assert calls == [1100.0] and search.stop_reason is None, "measured again, no confirm"
     assert ceiling.read_ceiling(tmp_path).loader_only == 1100.0, "the report shows it too"
     # measured twice already: a trial near the higher figure is confirmed, not re-measured
-    launcher._check_ceiling(
+    search.check_ceiling(
         config, 5, 1080.0, _confirmed_at(1075.0, calls), _confirmed_at(1200.0, calls)
     )
-    assert calls == [1100.0, 1075.0] and launcher._ceiling.loader_only == 1100.0
-    assert launcher.stop_reason.startswith("trial 5 reaches 0.98 of what this machine allows")
+    assert calls == [1100.0, 1075.0] and search.measured_ceiling.loader_only == 1100.0
+    assert search.stop_reason.startswith("trial 5 reaches 0.98 of what this machine allows")
     # lower the second time: the first figure stands
-    lower = FeedrateTrialLauncher()
-    lower._ceiling, lower._ceiling_read = launcher._ceiling, True
-    lower._check_ceiling(config, 6, 1080.0, _confirmed_at(1075.0, []), _confirmed_at(900.0, []))
-    assert lower._ceiling.loader_only == 1100.0 and lower.stop_reason is not None
+    lower = Search(search.measured_ceiling)
+    lower.check_ceiling(config, 6, 1080.0, _confirmed_at(1075.0, []), _confirmed_at(900.0, []))
+    assert lower.measured_ceiling.loader_only == 1100.0 and lower.stop_reason is not None
 
 
 def test_the_ceiling_that_applies_depends_on_where_the_model_runs():

@@ -139,6 +139,32 @@ def test_a_setting_measured_slower_than_the_best_is_left_at_once():
     assert probe.figure(seconds=clock.now).left_early
 
 
+def test_a_setting_slower_than_the_best_even_while_warming_up_is_left_there():
+    """64 workers with deep queues on busy cores: their warm-up, backlog and all, delivers
+    a tenth of the best rate. Left after half a window of it, not after warm-up and window."""
+    clock = Ticks()
+    probe = Probe(Setting(64, 8), window_s=3.0, best=2800.0, clock=clock)
+    clock.now = 1.5
+    probe.took(1.5, 32)  # start-up: 64 workers forked
+    while not probe.done:
+        clock.now += 0.1
+        probe.took(0.02, 30)  # 300 samples/s, little of it waited for: the backlog trickles
+    figure = probe.figure(seconds=clock.now)
+    assert figure.left_early and clock.now <= 1.5 + 1.5 + 0.11
+    assert figure.samples_per_sec == pytest.approx(300.0)
+    assert Climb.best([figure]) is None  # not a candidate for the choice
+
+
+def test_a_warm_up_at_the_best_rate_goes_on_to_its_window():
+    clock = Ticks()
+    probe = Probe(Setting(8), window_s=2.0, best=1000.0, clock=clock)
+    probe.took(0.0, 10)
+    for _ in range(15):  # 1.5 s of warm-up at 1,000 samples/s: not left
+        clock.now += 0.1
+        probe.took(0.0, 100)
+    assert not probe.done and probe.window_from is None
+
+
 # -- the loader, with real DataLoaders ---------------------------------------------------------
 
 
@@ -284,7 +310,7 @@ def test_bad_arguments_are_named(kwargs, problem):
 @pytest.mark.slow
 def test_the_plain_loop_example_runs_and_tunes():
     proc = subprocess.run(
-        [sys.executable, "examples/plain_loop.py", "--seconds", "14", "--budget-s", "8",
+        [sys.executable, "examples/plain_loop.py", "--seconds", "7", "--budget-s", "5",
          "--length", "3000", "--median-ms", "4"],
         cwd=ROOT, capture_output=True, text=True, timeout=180,
     )  # fmt: skip

@@ -4,6 +4,7 @@ Lightning and Hugging Face tests start."""
 from __future__ import annotations
 
 import itertools
+import weakref
 import os
 
 import torch
@@ -39,7 +40,8 @@ class Stepping:
         self.now, self.loader, self.slower = 0.0, None, wider_is_slower
 
     def __call__(self) -> float:
-        workers = self.loader.current.num_workers if self.loader is not None else 0
+        loader = self.loader() if self.loader is not None else None  # a weak reference
+        workers = loader.current.num_workers if loader is not None else 0
         self.now += 0.06 * (1 + workers) if self.slower else 0.06 / (1 + workers)
         return self.now
 
@@ -64,7 +66,9 @@ def tuning_loader(dataset, wider_is_slower: bool = False, **kwargs):
     args.update(kwargs)
     clock = Stepping(wider_is_slower)
     loader = feedrate.autotune_loader(dataset, clock=clock, cpu=None, **args)
-    clock.loader = loader
+    # weakly: a loader and its clock in a cycle outlive the test, and the garbage collector
+    # then ends its workers at any later moment, in a worker of another loader forked meanwhile
+    clock.loader = weakref.ref(loader)
     return loader
 
 

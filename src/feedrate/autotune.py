@@ -9,7 +9,6 @@ and writes as ``conf/loader/<name>.yaml``, which ``loader=auto`` picks next time
 from __future__ import annotations
 
 import logging
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -143,31 +142,27 @@ class HydraPreset:
     def write(self, choice: Choice, figures: list[Figure]) -> str | None:
         """The choice as a preset; an older preset written here is replaced, one a person
         wrote is kept (checked before the run started)."""
-        from feedrate.config import LoaderConfig
-        from feedrate.project import packaged_config_dir
-        from feedrate.sweep.preset import AUTOTUNE_MARKER, check_plain_data, render, write_preset
+        from feedrate.tuning.preset import (
+            AUTOTUNE_MARKER,
+            figure_of,
+            measured_here,
+            setting_values,
+            write_checked,
+        )
 
-        mine = [f for f in figures if f.setting == choice.setting and f.ok]
-        if self.path is None or not mine:
+        figure = figure_of(choice, figures)
+        if self.path is None or figure is None:
             return None
-        figure = max(mine, key=lambda f: f.samples_per_sec)
         setting, path, name = choice.setting, self.path, self.path.stem
-        values: dict[str, Any] = {"num_workers": setting.num_workers * self._ranks_here()}
-        if setting.num_workers:
-            values["prefetch_factor"] = setting.depth
+        values: dict[str, Any] = setting_values(setting)
+        values["num_workers"] *= self._ranks_here()
         for key in ("persistent_workers", "multiprocessing_context"):
             value = self.cfg.loader.get(key)
             values[key] = getattr(value, "value", value)
         if not setting.num_workers:
             values["persistent_workers"] = False
-        measured = {
-            "machine": self.here.machine,
-            "workload": self.here.workload,
-            "samples_per_sec": round(figure.samples_per_sec, 1),
-            "data_wait_frac": round(figure.data_wait_frac, 3),
-            "date": datetime.now().isoformat(timespec="seconds"),
-            "study": f"autotune {self.out_dir}",
-        }
+        study = f"autotune {self.out_dir}"
+        measured = measured_here(self.here.machine, self.here.workload, figure, study=study)
         header = [
             f"{command()} loader={name}",
             f"Measured {measured['date']} by loader=autotune inside the run {self.out_dir}.",
@@ -176,24 +171,15 @@ class HydraPreset:
             "Plain data: the DataLoader's own arguments on top of loader/default.yaml;"
             " measured_on is where it was measured, which loader=auto and loader=autotune read.",
         ]
-        text = render(values, header, measured, marker=AUTOTUNE_MARKER)
-
-        def verify() -> None:
-            check_plain_data(path)
-            dirs = [path.parent, packaged_config_dir() / "loader"]  # its defaults: feedrate's
-            composed = OmegaConf.merge(
-                OmegaConf.structured(LoaderConfig), provenance.preset_node(dirs, name)
-            )
-            for key, value in values.items():
-                got = composed.get(key)
-                got = getattr(got, "value", got)
-                if got != value:
-                    raise ConfigError(
-                        f"the written preset loader={name} composes to {key}={got!r}, not {value!r}"
-                    )
-
         try:
-            write_preset(path, text, self.cfg.trainer.autotune.overwrite, verify)
+            write_checked(
+                path,
+                values,
+                header,
+                measured,
+                marker=AUTOTUNE_MARKER,
+                overwrite=self.cfg.trainer.autotune.overwrite,
+            )
         except (ConfigError, OSError) as exc:
             log.warning("loader=autotune could not write %s: %s", path, exc)
             return None

@@ -30,7 +30,7 @@ from feedrate.faults import Context, shm_needed
 from feedrate.launch import compose, loader_preset_dirs
 from feedrate.monitor import data_workers
 from feedrate.stream import is_stream, length
-from feedrate.sweep.preset import plain_data_problems
+from feedrate.tuning.preset import plain_data_problems
 
 MB = 2**20
 # The share of available memory and free /dev/shm a loader may be planned to take.

@@ -43,7 +43,8 @@ from feedrate.project import (
     is_packaged,
     loader_dirs,
     packaged_config_dir,
-    preset_dir,
+    preset_config_dir,
+    preset_file,
     project_dir,
 )
 from feedrate.resolvers import default_preset_name
@@ -110,10 +111,10 @@ def loader_preset_dirs() -> list[Path]:
     return loader_dirs(_hydra(), default_config_dir(), first=_project_loader_dir())
 
 
-def _preset_dir() -> Path:
-    """Where this run writes a preset (loader=autotune): the project's conf/loader/."""
-    found = preset_dir(_hydra()) if _hydra() is not None else _project_loader_dir()
-    return found or default_config_dir() / "loader"
+def _preset_config_dir() -> Path:
+    """The conf/ this run writes a preset into (loader=autotune): the project's."""
+    outside = (_project_loader_dir() or default_config_dir() / "loader").parent
+    return preset_config_dir(_hydra(), outside) or outside
 
 
 def _output_dir(output_dir: str | os.PathLike | None) -> Path:
@@ -180,11 +181,11 @@ def _tuning_loader(run: Run, work: Workload, saved: dict | None) -> autotune.Can
         found = provenance.measured_here(loader_preset_dirs(), here, run.hw.is_cuda)
         found = distributed.broadcast(found, run.ranks)  # rank 0's files decide
     if at.write_preset and run.ranks.is_main:
-        from feedrate.sweep.preset import check_writable, preset_path
+        from feedrate.tuning.preset import check_writable
 
         name = at.preset_name or "auto" + default_preset_name()
         try:  # refused before training, on every rank
-            path = preset_path(_preset_dir().parent, name, "trainer.autotune")
+            path = preset_file(_preset_config_dir(), name, "trainer.autotune")
             check_writable(path, at.overwrite, "trainer.autotune")
         except ConfigError as exc:
             problem = str(exc)

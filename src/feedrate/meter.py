@@ -402,8 +402,9 @@ class Meter:
             warning = self.drift.window(steps, self._window_wait / span)
             if warning:
                 log.warning(warning)
-        if self._produced_at_start is not None:
-            self.times.produced = self.produced() - self._produced_at_start - self._produced_gap
+        produced = self.produced() if self._produced_at_start is not None else None
+        if produced is not None:  # None: the loader has no workers now (a tuner switched it)
+            self.times.produced = produced - self._produced_at_start - self._produced_gap
         # A last window cut short by the clock or the step limit is too short to stand alone
         # in the spread; its samples still count in the totals.
         if self._window_steps >= max(2, self.window_steps // 2) or not self.times.window_rates:

@@ -11,16 +11,20 @@ presets and configs are found by name, one of its own with a packaged name wins,
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
 from omegaconf import DictConfig
+
+from feedrate.errors import ConfigError
 
 PROVIDER = "feedrate-project"  # the project's conf/ on Hydra's search path
 # The project directory, set by the ``feedrate`` command (its working directory) and by
 # ``feedrate.compose()`` outside a checkout; every process a run starts inherits it.
 PROJECT_VAR = "FEEDRATE_PROJECT"
 CLI_VAR = "FEEDRATE_CLI"  # set by the ``feedrate`` command: the commands printed say it
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a preset's name: a file in conf/loader/
 
 
 def project_dir() -> Path | None:
@@ -60,15 +64,29 @@ def project_config_dir(hydra: DictConfig) -> Path | None:
     return None
 
 
-def preset_config_dir(hydra: DictConfig) -> Path | None:
-    """The conf/ a preset is written into: the project's, else the primary one."""
+def preset_config_dir(hydra: DictConfig | None, fallback: Path | None = None) -> Path | None:
+    """The conf/ a preset is written into: the project's, else the one the app composed from;
+    ``fallback`` outside a Hydra app."""
+    if hydra is None:
+        return fallback
     return project_config_dir(hydra) or primary_config_dir(hydra)
 
 
-def preset_dir(hydra: DictConfig) -> Path | None:
-    """Where a preset is written: ``preset_config_dir``'s ``loader/``."""
-    base = preset_config_dir(hydra)
-    return base / "loader" if base is not None else None
+def preset_file(conf_dir: Path | None, name: str, keys: str) -> Path:
+    """Where the preset ``name`` is written: ``conf_dir/loader/<name>.yaml`` (``conf_dir``
+    from :func:`preset_config_dir`), refusing names that would leave that folder (said as
+    ``<keys>.preset_name``). The sweep, ``loader=autotune`` and the doctor all ask here."""
+    if not NAME.match(name) or name.endswith(".yaml"):
+        raise ConfigError(
+            f"{keys}.preset_name={name!r} is not a valid preset name; use letters, digits, '_',"
+            f" '-' and '.', e.g. {keys}.preset_name=tuned_8core_nvme"
+        )
+    if conf_dir is None:
+        raise ConfigError(
+            f"cannot find the config directory to write loader={name} into: run from a project"
+            " with a conf/ folder, or through train.py"
+        )
+    return Path(conf_dir) / "loader" / f"{name}.yaml"
 
 
 def loader_dirs(hydra: DictConfig | None, fallback: Path, first: Path | None = None) -> list[Path]:

@@ -30,6 +30,7 @@ from feedrate.meter import Meter, TrainResult
 from feedrate.monitor import ResourceMonitor
 from feedrate.stream import is_stream, nothing_here
 from feedrate.tuning import TuningLoader
+from feedrate.tuning.loader import MIN_BUDGET_S
 
 log = logging.getLogger(__name__)
 
@@ -342,12 +343,19 @@ def _retune(cfg: DictConfig, meter: Meter, loader: TuningLoader, retunes: int) -
         return False
     if not loader.ranks.agree(bool(meter.drift is not None and meter.drift.episodes)):
         return False
+    if not loader.retune():
+        log.warning(
+            "loader=autotune: the input pipeline fell behind (the drift guard warned), but"
+            " trainer.autotune.budget_s=%g is below the %g s a tuning needs: not tuned again",
+            loader.budget_asked,
+            MIN_BUDGET_S,
+        )
+        return False
     log.warning(
         "loader=autotune: the input pipeline fell behind (the drift guard warned); tuning"
         " again from %s (trainer.autotune.on_drift=retune)",
         loader.current.describe(),
     )
-    loader.retune()
     return True
 
 

@@ -21,9 +21,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from feedrate import environment, hardware, provenance, stats
-from feedrate.errors import ConfigError, FeedrateError
+from feedrate.errors import FeedrateError
 from feedrate.files import atomic_write_text
-from feedrate.project import command, loader_dirs
+from feedrate.project import command, loader_dirs, preset_config_dir, preset_file
 from feedrate.sweep.ceiling import measure_ceilings, measure_gap
 from feedrate.sweep.decide import (
     BASELINES,
@@ -40,18 +40,10 @@ from feedrate.sweep.decide import (
     write_decision,
 )
 from feedrate.sweep.feasibility import Budget, memory_budget
-from feedrate.sweep.preset import (
-    check_plain_data,
-    check_writable,
-    compose_back,
-    preset_path,
-    preset_values,
-    render,
-)
-from feedrate.sweep.preset import write_preset as write_preset_file
 from feedrate.sweep.space import (
     check_sweep,
     default_threads,
+    preset_values,
     ranks_per_node,
     search_threads,
     seed_settings,
@@ -74,9 +66,9 @@ from feedrate.sweep.trial import (
     base_args,
     conf_dir,
     hydra_args,
-    preset_conf_dir,
     run_trial,
 )
+from feedrate.tuning.preset import MARKER, check_writable, write_checked
 
 if TYPE_CHECKING:  # optuna takes a second to import; trial processes load this module too
     import optuna
@@ -177,7 +169,7 @@ class LoaderSweep(Callback):
     def _start(self, config: DictConfig) -> None:
         self._phases = Phases()
         name = config.sweep.preset_name
-        path = preset_path(preset_conf_dir(config), name)
+        path = preset_file(preset_config_dir(config.hydra), name, "sweep")
         check_writable(path, config.sweep.overwrite)
         check_sweep(config)
         start_methods(config)  # says now, before any trial, if the dataset rules some out
@@ -306,7 +298,7 @@ class LoaderSweep(Callback):
         _record_in_study(study, decision, config)
 
         name = config.sweep.preset_name
-        path = preset_path(preset_conf_dir(config), name)
+        path = preset_file(preset_config_dir(config.hydra), name, "sweep")
         winner_result = next(r for r in decision.winner.results if r.ok)
         atomic_write_text(
             sweep_dir / "best_config.yaml",
@@ -422,20 +414,9 @@ class LoaderSweep(Callback):
             winner.median,
         )
         header = _preset_header(config, decision, study, name, streamed, measured)
-        text = render(tuned, header, measured)
-        script = Path(sys.argv[0]).resolve()
-
-        def verify() -> None:
-            check_plain_data(path)  # what feedrate reads back never runs code
-            composed = compose_back(script, name, [])
-            for key, value in tuned.items():
-                if composed.get(key) != value:
-                    raise ConfigError(
-                        f"the written preset loader={name} composes to {key}={composed.get(key)!r}"
-                        f" instead of {value!r}"
-                    )
-
-        write_preset_file(path, text, config.sweep.overwrite, verify)
+        write_checked(
+            path, tuned, header, measured, marker=MARKER, overwrite=config.sweep.overwrite
+        )
         log.info("wrote %s; use it with: %s loader=%s", path, command(), name)
 
 

@@ -16,6 +16,7 @@ from feedrate import hardware, stats
 from feedrate.checks import unpicklable
 from feedrate.dataset import build_dataset
 from feedrate.errors import ConfigError
+from feedrate.tuning.policy import worker_bound as machine_worker_bound
 
 if TYPE_CHECKING:  # optuna takes a second to import; trial processes load this module too
     import optuna
@@ -38,7 +39,7 @@ def max_workers(cfg: DictConfig) -> int:
     memory guard, not this bound, keeps a large count from running the machine out of memory.
     """
     ranks = ranks_per_node(cfg)
-    node = int(min(256, max(64, 8 * hardware.usable_cores())))
+    node = machine_worker_bound(hardware.usable_cores())
     bound = cfg.sweep.max_workers or max(1, node // ranks)
     shards = shard_count(cfg)
     if shards is not None and ranks > 1:
@@ -401,3 +402,22 @@ def climb_step(trials: list, best: Any, config: DictConfig) -> tuple[dict, str] 
         " workers"
     )
     return params, said
+
+
+def preset_values(loader: dict, with_batch_size: bool) -> dict:
+    """The keys a sweep's preset records of its winner's loader: the worker settings (and the
+    batch size if it was tuned)."""
+    from feedrate.tuning.preset import PRESET_KEYS
+
+    keys = [k for k in PRESET_KEYS if k != "batch_size" or with_batch_size]
+    # PyTorch's own thread counts go unsaid: a preset moved to a bigger machine gets its default
+    values = {k: loader[k] for k in keys if k in loader and not _default_threads(k, loader[k])}
+    if not values.get("per_rank"):  # unsaid: the machine's workers, as every preset before it
+        values.pop("per_rank", None)
+    return values
+
+
+def _default_threads(key: str, value: Any) -> bool:
+    if key not in ("worker_threads", "main_threads"):
+        return False
+    return value is None or value == default_threads()[f"loader.{key}"]

@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 
 from feedrate.errors import ConfigError
 from feedrate.files import atomic_write_text
-from feedrate.project import preset_config_dir, primary_config_dir
+from feedrate.project import primary_config_dir
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 # Set for a torchrun trial's ranks: each dies with torchrun (launch.py), which dies with the sweep
@@ -335,11 +335,6 @@ def conf_dir(config: DictConfig) -> Path:
     if found is None:
         raise ConfigError("cannot find the config directory the sweep composed from")
     return found
-
-
-def preset_conf_dir(config: DictConfig) -> Path:
-    """The conf/ a preset is written into (``feedrate.project.preset_config_dir``)."""
-    return preset_config_dir(config.hydra) or conf_dir(config)  # conf_dir raises: none
 
 
 def base_args(config: DictConfig) -> list[str]:

@@ -259,13 +259,14 @@ class TuningLoader(Saved):
         spot = self.seed * 1_000_003 + self.epoch * 10_007 + self._pos + self.ranks.rank * 7_919
         return spot % 2**63
 
-    def retune(self, budget_s: float | None = None) -> None:
+    def retune(self, budget_s: float | None = None) -> bool:
         """Tune again from the setting now running, for up to ``budget_s`` more seconds (the
         first tuning's budget if None): the data wait rose, the storage or the machine
-        changed. What was measured before is kept in the report's ``earlier``."""
+        changed. What was measured before is kept in the report's ``earlier``. False: it
+        does not (it is tuning already, or the budget is below ``MIN_BUDGET_S``)."""
         budget_s = self.budget_asked if budget_s is None else budget_s
         if self.tuning or budget_s < MIN_BUDGET_S:
-            return
+            return False
         self.earlier.append(
             {"tried": [asdict(f) for f in self.figures], "chosen": asdict(self.choice)}
         )
@@ -273,6 +274,7 @@ class TuningLoader(Saved):
         self.budget_s = self.spent_s + budget_s
         self.climb = Climb(self.current, self.climb.machine, window_s=self.window_s)
         self._probe = None
+        return True
 
     def close(self) -> None:
         """End the workers now (they also end with the loader)."""

@@ -1,27 +1,224 @@
-"""The preset a tuning loader writes and starts from next time: the settings it chose, and
-where they were measured (``measured_on``). Written only when the choice measured faster than
-the start; never over a file feedrate did not write."""
+"""Loader presets: the one place they are written, by the sweep, ``loader=autotune`` and
+``feedrate.autotune_loader`` alike. Plain data (the DataLoader's own arguments, nothing Hydra
+would import and call), a header that says how the choice was measured, ``measured_on`` (where:
+feedrate.provenance reads it), written atomically, read back through the composition a run
+does and put back as it was if that fails; never over a preset that feedrate did not write
+(unless asked). Where presets live: :func:`feedrate.project.preset_file`."""
 
 from __future__ import annotations
 
 import logging
+import re
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from feedrate.errors import ConfigError
+from feedrate.files import atomic_write_text
+from feedrate.project import NAME
 from feedrate.tuning.policy import Choice, Figure, Setting
 
 log = logging.getLogger("feedrate.tuning")
 
-MARKER = "# feedrate-preset: written by feedrate.autotune_loader"
+MARKER = "# feedrate-preset: written by `python train.py -m sweep=loader`"
+AUTOTUNE_MARKER = "# feedrate-preset: written by `python train.py loader=autotune`"
+LOADER_MARKER = "# feedrate-preset: written by feedrate.autotune_loader"
+# Keys a preset may set: the DataLoader's own, as in LoaderConfig. Nothing executable.
+PRESET_KEYS = (
+    "batch_size",
+    "num_workers",
+    "pin_memory",
+    "prefetch_factor",
+    "persistent_workers",
+    "multiprocessing_context",
+    "timeout",
+    "worker_threads",
+    "main_threads",
+    "decode",
+    "per_rank",
+)
+
+
+# Keys through which Hydra imports and calls code.
+CODE_KEYS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_")
+
+
+def _code_keys(node, path: str = "") -> list[str]:
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key in CODE_KEYS:
+                found.append(where)
+            found += _code_keys(value, where)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += _code_keys(value, f"{path}[{i}]")
+    return found
+
+
+def plain_data_problems(path: Path) -> list[str]:
+    """Why the loader preset at ``path`` is not plain loader data; empty if it is.
+
+    Any file under conf/ can make Hydra run code: a ``_target_`` is imported and called, and a
+    ``# @package _global_`` directive lets a loader file set ``hydra.callbacks``. A preset is
+    data only when it has neither, and only loader keys.
+    """
+    from feedrate.config import LoaderConfig
+
+    text = path.read_text()
+    problems = []
+    if re.search(r"^\s*#\s*@package", text, re.MULTILINE):
+        problems.append(
+            "a '# @package' directive (it can set keys outside loader, hydra.callbacks included)"
+        )
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        return [*problems, f"it is not valid YAML ({str(exc).splitlines()[0]})"]
+    if data is None:
+        return problems
+    if not isinstance(data, dict):
+        return [*problems, "it is not a mapping of loader keys"]
+    problems += [f"the key {k} (Hydra imports and calls it)" for k in _code_keys(data)]
+    allowed = set(LoaderConfig.__dataclass_fields__) | {"defaults"}
+    extra = sorted(str(k) for k in data if k not in allowed and k not in CODE_KEYS)
+    if extra:
+        problems.append(f"keys that are not loader settings: {', '.join(extra)}")
+    for entry in data.get("defaults") or []:
+        if not (isinstance(entry, str) and NAME.match(entry)):
+            problems.append(f"the defaults entry {entry!r} (only loader presets belong there)")
+    return problems
+
+
+def check_plain_data(path: Path) -> None:
+    problems = plain_data_problems(path)
+    if problems:
+        raise ConfigError(
+            f"{path} is not a plain-data loader preset: it has {'; '.join(problems)}. Presets"
+            " are data; remove those, or treat the file as code and review it"
+        )
+
+
+def check_writable(path: Path, overwrite: bool, keys: str = "sweep") -> None:
+    """Refuse, before a sweep (or ``loader=autotune``: ``keys="trainer.autotune"``) starts,
+    to replace a preset feedrate did not write."""
+    if not path.exists() or overwrite:
+        return
+    if not {MARKER, AUTOTUNE_MARKER, LOADER_MARKER} & set(path.read_text().splitlines()[:2]):
+        raise ConfigError(
+            f"{path} exists and was not written by feedrate: it is kept. Choose another"
+            f" name ({keys}.preset_name=...) or replace it with {keys}.overwrite=true"
+        )
+
+
+def render(
+    values: dict, header_lines: list[str], measured_on: dict | None = None, marker: str = MARKER
+) -> str:
+    """The preset's text: usage line, marker, header, ``defaults: [default]``, the keys, and
+    where it was measured (``measured_on``, which feedrate reads: feedrate.provenance)."""
+    unknown = set(values) - set(PRESET_KEYS)
+    if unknown:
+        raise ValueError(f"not loader preset keys: {sorted(unknown)}")
+    data = {"defaults": ["default", "_self_"], **values}
+    if measured_on is not None:
+        data["measured_on"] = measured_on
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+    usage, *rest = header_lines or [""]
+    header = "\n".join(f"# {line}".rstrip() for line in rest)
+    return f"# {usage}\n{marker}\n{header}\n{body}"
+
+
+def write_preset(path: Path, text: str, overwrite: bool, verify) -> None:
+    """Write ``text`` to ``path`` atomically; if ``verify()`` fails, put the old file back."""
+    check_writable(path, overwrite)
+    old = path.read_text() if path.exists() else None
+    atomic_write_text(path, text)
+    try:
+        verify()
+    except Exception:
+        if old is None:
+            path.unlink(missing_ok=True)
+        else:
+            atomic_write_text(path, old)
+        raise
+
+
+def check_composes(path: Path, values: dict[str, Any]) -> None:
+    """The written preset is plain data and composes, its defaults (other presets: its own
+    folder's, then feedrate's) merged onto the loader's schema as a run does, to ``values``."""
+    from omegaconf import OmegaConf
+
+    from feedrate import provenance
+    from feedrate.config import LoaderConfig
+    from feedrate.project import packaged_config_dir
+
+    check_plain_data(path)
+    dirs = [path.parent, packaged_config_dir() / "loader"]
+    composed = OmegaConf.merge(
+        OmegaConf.structured(LoaderConfig), provenance.preset_node(dirs, path.stem)
+    )
+    for key, value in values.items():
+        got = composed.get(key)
+        got = getattr(got, "value", got)  # an enum's value (the start method)
+        if got != value:
+            raise ConfigError(
+                f"the written preset loader={path.stem} composes to {key}={got!r}, not {value!r}"
+            )
+
+
+def write_checked(
+    path: Path,
+    values: dict[str, Any],
+    header: list[str],
+    measured_on: dict | None,
+    *,
+    marker: str,
+    overwrite: bool,
+) -> None:
+    """Write the preset ``values`` to ``path`` and check it composes back to them (the old file
+    put back if not); ConfigError or OSError says why it was not written."""
+    write_preset(
+        path,
+        render(values, header, measured_on, marker),
+        overwrite,
+        lambda: check_composes(path, values),
+    )
+
+
+def figure_of(choice: Choice, figures: list[Figure]) -> Figure | None:
+    """The best figure the chosen setting measured (a preset records what was measured)."""
+    mine = [f for f in figures if f.setting == choice.setting and f.ok]
+    return max(mine, key=lambda f: f.samples_per_sec, default=None)
+
+
+def measured_here(machine: dict, workload: dict, figure: Figure, **more: Any) -> dict:
+    """``measured_on`` of a choice measured inside a run: the machine, the workload, its
+    figures and the date (and ``more``: where it was measured)."""
+    return {
+        "machine": machine,
+        "workload": workload,
+        "samples_per_sec": round(figure.samples_per_sec, 1),
+        "data_wait_frac": round(figure.data_wait_frac, 3),
+        "date": datetime.now().isoformat(timespec="seconds"),
+        **more,
+    }
+
+
+def setting_values(setting: Setting) -> dict[str, int]:
+    """The keys a tuning loader's choice sets: its workers, and their queue depth."""
+    values = {"num_workers": setting.num_workers}
+    if setting.num_workers:
+        values["prefetch_factor"] = setting.depth
+    return values
 
 
 class LoaderPreset:
-    def __init__(self, path: str | Path, workload: dict) -> None:
-        from feedrate.sweep.preset import check_writable
+    """The preset ``feedrate.autotune_loader(..., preset=PATH)`` starts from and writes."""
 
+    def __init__(self, path: str | Path, workload: dict) -> None:
         self.path, self.workload = Path(path), workload
         if self.path.suffix not in (".yaml", ".yml"):
             raise ConfigError(f"autotune_loader: preset={str(path)!r} must be a .yaml file")
@@ -56,37 +253,23 @@ class LoaderPreset:
 
     def write(self, choice: Choice, figures: list[Figure]) -> str | None:
         """The choice, as a preset that also composes as ``conf/loader/<name>.yaml``."""
-        from feedrate.sweep.preset import render, write_preset
-
-        mine = [f for f in figures if f.setting == choice.setting and f.ok]
-        if not mine:
+        figure = figure_of(choice, figures)
+        if figure is None:
             return None
-        figure = max(mine, key=lambda f: f.samples_per_sec)
-        values = {"num_workers": choice.setting.num_workers}
-        if choice.setting.num_workers:
-            values["prefetch_factor"] = choice.setting.depth
-        measured = {
-            "machine": self.machine,
-            "workload": self.workload,
-            "samples_per_sec": round(figure.samples_per_sec, 1),
-            "data_wait_frac": round(figure.data_wait_frac, 3),
-            "date": datetime.now().isoformat(timespec="seconds"),
-        }
         header = [
             f"feedrate.autotune_loader(..., preset={str(self.path)!r}) starts from it",
-            MARKER[2:],
             f"Decision: {choice.reason}.",
         ]
-        text = render(values, header, measured, marker=MARKER)
-        text = text.replace(f"{MARKER}\n{MARKER}\n", f"{MARKER}\n")
-
-        def verify() -> None:
-            back = yaml.safe_load(self.path.read_text())
-            if any(back.get(k) != v for k, v in values.items()):
-                raise ConfigError(f"{self.path} does not read back as {values}")
-
+        measured = measured_here(self.machine, self.workload, figure)
         try:
-            write_preset(self.path, text, overwrite=False, verify=verify)
+            write_checked(
+                self.path,
+                setting_values(choice.setting),
+                header,
+                measured,
+                marker=LOADER_MARKER,
+                overwrite=False,
+            )
         except (ConfigError, OSError) as exc:
             log.warning("autotune_loader could not write %s: %s", self.path, exc)
             return None

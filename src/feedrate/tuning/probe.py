@@ -7,13 +7,14 @@ window opens once that backlog is eaten, which the first real wait shows (a cons
 waits has nothing queued), or after ``workers x prefetch_factor`` batches, or after a
 window's length, whichever comes first. The window is bounded in seconds, not steps, so a
 slow setting costs no more time than a fast one, and one clearly slower than the best so far
-is left at once.
+is left at once: after half a window, or already in its warm-up, whose rate (the backlog on
+top of the steady rate) bounds the steady one from above.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from feedrate.tuning.policy import Figure, Setting
 
@@ -48,6 +49,7 @@ class Probe:
         self.startup_s: float | None = None  # building its loader to its first batch
         self.warm_from: float | None = None  # the first batch of this loader
         self.warm_batches = 0
+        self.warm = _Tally()  # what this loader's warm-up delivered (this epoch's part)
         self.window_from: float | None = None  # the window's opening (this epoch's part)
         self.open = _Tally()  # the window's part in this epoch
         self.held = _Tally()  # its parts in epochs before (it pauses at each epoch end)
@@ -72,20 +74,36 @@ class Probe:
             self.warm_from = now
             return
         if self.window_from is None:
-            self._warming(now, waited)
+            self._warming(now, waited, samples)
             return
         w = self.open
         w.samples, w.batches, w.waited = w.samples + samples, w.batches + 1, w.waited + waited
         w.seconds = now - self.window_from
         self._check(now)
 
-    def _warming(self, now: float, waited: float) -> None:
+    def _warming(self, now: float, waited: float, samples: int) -> None:
         mean = (now - self.warm_from) / self.warm_batches if self.warm_batches else 0.0
         drained = self.warm_batches >= 1 and waited > 0.25 * max(mean, 1e-3)  # nothing queued
         self.warm_batches += 1
+        w = self.warm
+        w.samples, w.batches, w.waited = w.samples + samples, w.batches + 1, w.waited + waited
+        w.seconds = now - self.warm_from
+        if self._below_while_warming():
+            self.held = replace(w)  # its figure: what the warm-up delivered
+            self.done, self.left_early = True, True
+            return
         if drained or self.warm_batches >= self.backlog or now - self.warm_from >= self.window_s:
             self.window_from = now
             self.cpu_at = self.cpu() if self.cpu is not None else None
+
+    def _below_while_warming(self) -> bool:
+        """The warm-up delivers what the workers queued while they started, on top of what
+        they make meanwhile: its rate is at least the steady one. Below the bar after half a
+        window, the steady rate is below it too: the setting is left there, not a window on."""
+        w = self.warm
+        if not self.best or w.seconds < self.window_s / 2 or w.batches < MIN_BATCHES:
+            return False
+        return w.samples / w.seconds < LEAVE_BELOW * self.best
 
     def _check(self, now: float) -> None:
         total = self._total()
@@ -125,7 +143,7 @@ class Probe:
         if self.window_from is not None:
             self.held = self._total()
             self._busy()
-        self.open = _Tally()
+        self.open, self.warm = _Tally(), _Tally()
         self.window_from = self.warm_from = None
         self.warm_batches = 0
         self.began = self.clock()
