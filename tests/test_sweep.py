@@ -60,7 +60,7 @@ from feedrate.sweep.space import (
     worker_bound,
 )
 from feedrate.sweep.trial import Fresh, TrialResult, run_trial
-from feedrate.tuning.preset import AUTOTUNE_MARKER, MARKER, check_writable, render
+from feedrate.tuning.preset import AUTOTUNE_MARKER, MARKER, check_writable, render, write_checked
 
 from . import fakes
 from .conftest import ROOT
@@ -351,6 +351,22 @@ def test_hand_written_preset_is_protected(tmp_path):
     check_writable(path, overwrite=False)  # feedrate's own preset may be refreshed
     path.write_text(render({"num_workers": 5}, ["x"], marker=AUTOTUNE_MARKER))
     check_writable(path, overwrite=False)  # loader=autotune's too
+
+
+def test_a_preset_that_does_not_compose_back_is_not_left_written(tmp_path):
+    """The one writer reads the file back as a run composes it (defaults merged onto the
+    loader's schema); one that composes to other values is taken back, the old file kept."""
+    path = tmp_path / "loader" / "x.yaml"
+    path.parent.mkdir()
+    old = render({"num_workers": 5}, ["python train.py loader=x", "old"])
+    path.write_text(old)
+    with pytest.raises(ConfigError, match="composes to prefetch_factor=4, not '4'"):
+        write_checked(path, {"num_workers": 2, "prefetch_factor": "4"}, ["x"], None,
+                      marker=MARKER, overwrite=False)  # fmt: skip
+    assert path.read_text() == old
+    write_checked(path, {"num_workers": 2, "prefetch_factor": 4}, ["x"], None,
+                  marker=MARKER, overwrite=False)  # fmt: skip
+    assert OmegaConf.load(path).num_workers == 2
 
 
 @pytest.mark.parametrize("name", ["../evil", "a/b", "", "x.yaml"])

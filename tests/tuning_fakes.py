@@ -4,8 +4,8 @@ Lightning and Hugging Face tests start."""
 from __future__ import annotations
 
 import itertools
-import weakref
 import os
+import weakref
 
 import torch
 from torch.utils.data import Dataset, get_worker_info

@@ -145,7 +145,7 @@ class HydraPreset:
         from feedrate.tuning.preset import (
             AUTOTUNE_MARKER,
             figure_of,
-            measured_here,
+            measured_in_run,
             setting_values,
             write_checked,
         )
@@ -162,7 +162,7 @@ class HydraPreset:
         if not setting.num_workers:
             values["persistent_workers"] = False
         study = f"autotune {self.out_dir}"
-        measured = measured_here(self.here.machine, self.here.workload, figure, study=study)
+        measured = measured_in_run(self.here.machine, self.here.workload, figure, study=study)
         header = [
             f"{command()} loader={name}",
             f"Measured {measured['date']} by loader=autotune inside the run {self.out_dir}.",

@@ -23,15 +23,15 @@ log = logging.getLogger(__name__)
 
 
 class Search:
-    def __init__(self, ceiling: ceiling.Ceiling | None = None) -> None:
-        """``ceiling``: the one to stop near, known already (else ``ceilings.json`` is read
-        at the first trial)."""
+    def __init__(self, known: ceiling.Ceiling | None = None) -> None:
+        """``known``: the ceiling to stop near, measured already (else ``ceilings.json`` is
+        read at the first trial)."""
         self.best: float | None = None  # the best objective so far
         # Set when a trial comes within sweep.stop_within of the ceiling: the sweeper then
         # asks for no more trials.
         self.stop_reason: str | None = None
-        self._ceiling = ceiling
-        self._ceiling_read = ceiling is not None
+        self._ceiling = known
+        self._ceiling_read = known is not None
         self._falls_at: int | None = None
         self._rechecked = False  # the ceiling's loader-only run measured a second time
         # the best figure at each worker count (sweep.bound_by_seeds), and the bound they set

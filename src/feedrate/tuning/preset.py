@@ -194,7 +194,7 @@ def figure_of(choice: Choice, figures: list[Figure]) -> Figure | None:
     return max(mine, key=lambda f: f.samples_per_sec, default=None)
 
 
-def measured_here(machine: dict, workload: dict, figure: Figure, **more: Any) -> dict:
+def measured_in_run(machine: dict, workload: dict, figure: Figure, **more: Any) -> dict:
     """``measured_on`` of a choice measured inside a run: the machine, the workload, its
     figures and the date (and ``more``: where it was measured)."""
     return {
@@ -260,7 +260,7 @@ class LoaderPreset:
             f"feedrate.autotune_loader(..., preset={str(self.path)!r}) starts from it",
             f"Decision: {choice.reason}.",
         ]
-        measured = measured_here(self.machine, self.workload, figure)
+        measured = measured_in_run(self.machine, self.workload, figure)
         try:
             write_checked(
                 self.path,
