@@ -8,6 +8,7 @@ only a process can show (a hang, a crash, /dev/shm left by the dead).
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from feedrate.sweep.host import DONE, REBUILD, Host, TrialHost
 from feedrate.sweep.trial import Fresh, remove_dead_shm, run_trial
 
 from .conftest import CONF, ROOT, shrink
+from .counting import Indexed
 
 # Enough steps that the weights move: a reset that missed them shows in the loss
 TRAIN = ["trainer.max_steps=10", "trainer.save_checkpoint=false", "model=tiny_cnn"]
@@ -116,6 +118,50 @@ def test_a_failed_trial_is_named_and_the_next_gets_a_new_host(tmp_path):
         assert runner.proc is None, "the host that failed is gone"
         good = run_trial(runner, shrink([]), tmp_path / "good", 120)
         assert good.ok and runner.started == 2, "the next trial ran in a new host"
+    finally:
+        runner.close()
+
+
+class Reports(Indexed):
+    """Indexed samples, built in a process that writes to ``out`` what it runs with."""
+
+    def __init__(self, out: str, n: int = 64) -> None:
+        super().__init__(n)
+        Path(out).write_text(
+            json.dumps(
+                {
+                    "start_method": multiprocessing.get_start_method(),
+                    "mark": os.environ.get("FEEDRATE_TEST_MARK"),
+                    "own_session": os.getsid(0) == os.getpid(),
+                    "preloaded": "torch._dynamo" in sys.modules,
+                }
+            )
+        )
+
+
+def test_a_host_is_forked_warm_and_runs_as_a_fresh_process_would(tmp_path, monkeypatch):
+    """Forked from the fork server with torch._dynamo imported already, and set as a fresh
+    ``python train.py`` is: the sweep's environment of the moment it starts, the platform's
+    default start method for its DataLoaders (not the server's), a session of its own."""
+    runner = Host(CONF, "train", tmp_path / "host.log")
+    reports = ["dataset=custom", "dataset._target_=tests.test_host.Reports", "model=tiny_cnn"]
+    reports += ["model._target_=tests.counting.Recorder", "loader.num_workers=2"]
+    monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))  # the Recorder's batches
+    try:
+        for mark in ("first", "second"):
+            monkeypatch.setenv("FEEDRATE_TEST_MARK", mark)
+            out = tmp_path / f"{mark}.json"
+            overrides = shrink([*reports, f"+dataset.out={out}"])
+            result = run_trial(runner, overrides, tmp_path / mark, 120)
+            assert result.ok, result.reason
+            assert json.loads(out.read_text()) == {
+                "start_method": multiprocessing.get_start_method(),
+                "mark": mark,
+                "own_session": True,
+                "preloaded": True,
+            }
+            runner.close()  # the next trial gets a new host
+        assert runner.started == 2
     finally:
         runner.close()
 

@@ -35,15 +35,7 @@ from feedrate.errors import ConfigError
 from feedrate.project import preset_file
 from feedrate.resolvers import workload_key
 from feedrate.sweep import ceiling
-from feedrate.sweep.decide import (
-    Contestant,
-    decide,
-    drop_clearly_slower,
-    drop_shown_slower,
-    merge_identical,
-    pick_finalists,
-    settled,
-)
+from feedrate.sweep.decide import Contestant, merge_identical, pick_finalists
 from feedrate.sweep.feasibility import Budget, FeasibilityGuard, Footprint, memory_budget, predict
 from feedrate.sweep.report import pareto_front
 from feedrate.sweep.report import rows as report_rows
@@ -60,6 +52,7 @@ from feedrate.sweep.space import (
     worker_bound,
 )
 from feedrate.sweep.trial import Fresh, TrialResult, run_trial
+from feedrate.tuning.decide import decide, drop_clearly_slower, drop_shown_slower, settled
 from feedrate.tuning.preset import AUTOTUNE_MARKER, MARKER, check_writable, render, write_checked
 
 from . import fakes
@@ -836,12 +829,12 @@ def _rows(sweep_dir: Path) -> list[dict]:
 
 
 def _hosts_of(pid: int) -> list[psutil.Process]:
-    """The warm trial hosts the sweep ``pid`` started."""
+    """The warm trial hosts the sweep ``pid`` started: the children of its fork server."""
     found = []
     for p in psutil.Process(pid).children():
         try:
-            if "feedrate.sweep.host" in p.cmdline():
-                found.append(p)
+            if "multiprocessing.forkserver" in " ".join(p.cmdline()):
+                found += p.children()
         except psutil.Error:  # ended meanwhile
             continue
     return found

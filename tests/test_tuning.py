@@ -72,6 +72,27 @@ def test_cpu_bound_keeps_the_start_and_says_why():
     assert max(f.setting.num_workers for f in figures) <= 6  # busy cores: no wide steps
 
 
+def test_the_climb_chooses_by_the_sweeps_decision():
+    """One decision (feedrate.tuning.decide) for both tuners: a setting left early is shown
+    slower, one failed is out, and of two within 5% the cheaper wins, as in the sweep; the
+    start stays unless another measured 10% faster."""
+    climb = Climb(Setting(4), Machine(2.0, 64), window_s=1.0)
+    figures = [
+        Figure(Setting(4), 1000.0, 0.8, 0.2, 3.0, 0.5),
+        Figure(Setting(16), 2000.0, 0.5, 0.5, 3.0, 0.6),
+        Figure(Setting(64), 2050.0, 0.4, 0.7, 3.0, 1.5),
+        Figure(Setting(64, 8), 3000.0, 0.3, 0.7, 3.0, 1.5, left_early=True),
+        Figure(Setting(32), None, failed="worker killed"),
+    ]
+    choice = climb.choose(figures)
+    assert choice.setting == Setting(16) and choice.beats_start
+    assert "within 5% of the fastest" in choice.reason and "the cheapest" in choice.reason
+    close = [Figure(Setting(4), 1000.0, 0.8, 0.2, 3.0, 0.5), Figure(Setting(8), 1090.0)]
+    held = climb.choose(close)
+    assert held.setting == Setting(4) and not held.beats_start
+    assert "no setting measured 10% faster; best num_workers=8" in held.reason
+
+
 def test_a_step_that_does_not_fit_the_time_left_ends_the_search():
     climb = Climb(Setting(4), Machine(2.0, 64), window_s=1.0)
     first = Figure(Setting(4), 200.0, 0.95, 0.1, 3.0, startup_s=1.0)

@@ -8,7 +8,7 @@ carry the evidence; their mean gives the ratio (a geometric mean of the rounds' 
 Student t interval (docs/design.md, "When one configuration is faster than another"). A win or
 a loss needs at least ``MIN_ROUNDS`` paired rounds and an interval that excludes 1.0; anything
 else is a tie. When several contestants are compared at once the caller widens the interval
-(``confidence``): see :func:`feedrate.sweep.decide.decide`.
+(``confidence``): see :func:`feedrate.tuning.decide.decide`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
-from scipy import stats
 
 MIN_ROUNDS = 3  # fewer paired rounds than this: no claim either way
 CONFIDENCE = 0.95
@@ -138,6 +137,8 @@ def compare(a: Rounds, b: Rounds, confidence: float = CONFIDENCE) -> Comparison 
     se = float(np.std(logs, ddof=1)) / math.sqrt(n)
     if se == 0.0:  # every round gave the same ratio: the interval is that ratio
         return Comparison(ratio, ratio, ratio, (n, n), 0.0 if mean else 1.0, confidence)
+    from scipy import stats  # 0.9 s to import: only where an interval is computed
+
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * se
     p = 2.0 * float(stats.t.sf(abs(mean) / se, n - 1))
     return Comparison(ratio, math.exp(mean - half), math.exp(mean + half), (n, n), p, confidence)

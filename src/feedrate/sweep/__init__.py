@@ -10,7 +10,8 @@
 - :mod:`~feedrate.sweep.feasibility`: trials predicted to exhaust memory or /dev/shm, skipped;
 - :mod:`~feedrate.sweep.ceiling`: loader-only and compute-only, the bound the search stops near;
 - :mod:`~feedrate.sweep.study`: the Optuna study's storage, lock and unfinished trials;
-- :mod:`~feedrate.sweep.decide`: the final rounds' contestants and the decision;
+- :mod:`~feedrate.sweep.decide`: the final rounds' contestants (the rules that decide are
+  :mod:`feedrate.tuning.decide`, the climb's too);
 - the winner is written to ``conf/loader/`` by :mod:`feedrate.tuning.preset`, the one preset
   writer (the tuning loader writes its presets there too);
 - :mod:`~feedrate.sweep.report`: trials.csv, sweep_report.md and the plots;

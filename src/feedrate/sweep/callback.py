@@ -28,15 +28,8 @@ from feedrate.sweep.ceiling import measure_ceilings, measure_gap
 from feedrate.sweep.decide import (
     BASELINES,
     Contestant,
-    Decision,
-    clearly_slower,
-    decide,
-    described,
-    drop_clearly_slower,
-    drop_shown_slower,
     merge_identical,
     pick_finalists,
-    settled,
     write_decision,
 )
 from feedrate.sweep.feasibility import Budget, memory_budget
@@ -67,6 +60,15 @@ from feedrate.sweep.trial import (
     conf_dir,
     hydra_args,
     run_trial,
+)
+from feedrate.tuning.decide import (
+    Decision,
+    clearly_slower,
+    decide,
+    described,
+    drop_clearly_slower,
+    drop_shown_slower,
+    settled,
 )
 from feedrate.tuning.preset import MARKER, check_writable, write_checked
 
@@ -349,7 +351,7 @@ class LoaderSweep(Callback):
         """Alternating rounds of every contestant, each in its own warm host (a new DataLoader
         each round); after the first, contestants that ran the same resolved settings are one
         (measured once from then on). From the third round on, the rounds stop once the
-        decision is settled (:func:`~feedrate.sweep.decide.settled`); ``sweep.final_rounds``
+        decision is settled (:func:`~feedrate.tuning.decide.settled`); ``sweep.final_rounds``
         is the most. A finalist's search run is not one of them: chosen for being high, it is
         biased high. Returns those left."""
         from tqdm import tqdm
@@ -362,7 +364,7 @@ class LoaderSweep(Callback):
         longer = [f"trainer.max_seconds={config.sweep.final_seconds}"]
         POOL.rename("search", _slug(contestants[0]))  # the search's host is warm already
         runners = {c.name: runner_for(config, _slug(c)) for c in contestants}
-        for runner in runners.values():  # start together: their imports overlap
+        for runner in runners.values():  # forked together, before the first round
             getattr(runner, "start", lambda: None)()
         bar = tqdm(total=rounds * len(contestants), desc="final re-measurement", unit="run")
         for r in range(rounds):

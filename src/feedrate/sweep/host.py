@@ -11,21 +11,23 @@ The sweep side is :class:`Host`, a trial runner like :class:`feedrate.sweep.tria
 trial that fails, hangs or leaks a thread retires its host: the next trial gets a new one. So
 does one whose config changes what the host built (:func:`built_key`).
 
-The host side is ``python -m feedrate.sweep.host CONFIG_DIR CONFIG_NAME``: one JSON job a line
-on stdin, one JSON answer a line on the file descriptor in ``$FEEDRATE_HOST_FD``.
+A host is forked from a fork server that has imported torch, ``torch._dynamo`` (which the
+first optimizer imports), Hydra and the run once for the whole sweep (multiprocessing's
+``forkserver``, its modules preloaded): a new host costs a fork, not a Python start of about
+4 s of CPU here. Jobs and answers are pickled over two pipes.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
-import json
 import logging
+import multiprocessing
 import os
 import select
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -52,7 +54,19 @@ from feedrate.sweep.trial import (
 log = logging.getLogger(__name__)
 
 DONE, REBUILD = "done", "rebuild"  # the host's answers besides a failure's exit status
-_FD_VAR = "FEEDRATE_HOST_FD"
+# What the fork server imports once, so a host starts warm: the run (torch, Hydra, feedrate),
+# and torch._dynamo, which the first optimizer of every run imports (1.3 s here)
+PRELOAD = ["feedrate.launch", "feedrate.sweep.host", "torch._dynamo"]
+
+
+def _context():
+    """Hosts are forked from a server that preloaded :data:`PRELOAD` (``spawn`` where there
+    is no ``forkserver``: a fresh interpreter per host, as before)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def built_key(cfg: DictConfig) -> str:
@@ -91,9 +105,8 @@ class Host:
         self.log_path = Path(log_path)
         # first on the host's sys.path, as train.py's folder is for `python train.py`
         self.script_dir = str(script_dir) if script_dir is not None else None
-        self.proc: subprocess.Popen | None = None
-        self._answers: int | None = None  # the read end of the answer pipe
-        self._buffer = b""
+        self.proc: multiprocessing.process.BaseProcess | None = None
+        self._jobs = self._answers = None  # the two pipes' ends on this side
         self.trials = 0  # trials this process ran
         self.started = 0  # processes started
         self.pids: set[int] = set()  # the host's and its workers', for /dev/shm clean-up
@@ -139,18 +152,15 @@ class Host:
         killed and the answer says why, as a fresh trial's would."""
         self.start()
         job = {"overrides": list(overrides), "job_dir": str(job_dir)}
-        try:
-            self.proc.stdin.write((json.dumps(job) + "\n").encode())
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # it died: poll() below says how
+        with contextlib.suppress(OSError):  # it died: its exit status below says how
+            self._jobs.send(job)
         while True:
-            line = self._read_line(0.5)
-            if line is not None:
-                return json.loads(line)
+            answer = self._answer(0.5)
+            if answer is not None:
+                return answer
             self.pids |= descendants(self.proc.pid)
-            returncode = self.proc.poll()
-            if returncode is not None:
+            if not self.proc.is_alive():
+                returncode = self.proc.exitcode
                 self.close()
                 log_text = _read_text(job_dir / "trial.log")
                 return {"reason": "trial host died: " + reason_for(returncode, log_text)}
@@ -158,43 +168,38 @@ class Host:
                 self.close()
                 return {"reason": f"timed out after {timeout_s:g} s; trial host killed"}
 
-    def _read_line(self, wait_s: float) -> str | None:
-        while b"\n" not in self._buffer:
-            ready, _, _ = select.select([self._answers], [], [], wait_s)
-            if not ready:
-                return None
-            chunk = os.read(self._answers, 65536)
-            if not chunk:  # the host closed its end: it is exiting
-                return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.decode()
+    def _answer(self, wait_s: float) -> dict | None:
+        """The host's answer, or None: none within ``wait_s``, or the host has closed its end
+        (it is exiting)."""
+        try:
+            return self._answers.recv() if self._answers.poll(wait_s) else None
+        except (EOFError, OSError):
+            self.proc.join(wait_s)  # its exit status, for the caller
+            return None
 
     def start(self) -> None:
-        """Start the host process, unless it is running; it imports while nothing waits."""
-        if self.proc is not None and self.proc.poll() is None:
+        """Fork the host from the fork server, unless it is running."""
+        if self.proc is not None and self.proc.is_alive():
             return
         self.close()
-        read_end, write_end = os.pipe()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, _FD_VAR: str(write_end)}
+        env = dict(os.environ)  # now, not the fork server's at its start
         if self.script_dir is not None:
             env["PYTHONPATH"] = os.pathsep.join(
                 filter(None, [self.script_dir, env.get("PYTHONPATH")])
             )
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "feedrate.sweep.host", self.config_dir, self.config_name],
-                stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                pass_fds=(write_end,),
-                env=env,
-                start_new_session=True,  # its workers too: killed as one group
-                preexec_fn=functools.partial(die_with_parent, os.getpid()),
-            )
-        os.close(write_end)
-        self._answers, self._buffer = read_end, b""
+        ctx = _context()
+        jobs_in, self._jobs = ctx.Pipe(duplex=False)
+        self._answers, answers_out = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(
+            target=_hosted,
+            args=(self.config_dir, self.config_name, str(self.log_path), self.script_dir, env),
+            kwargs={"jobs": jobs_in, "answers": answers_out},
+            name="feedrate-trial-host",
+        )
+        self.proc.start()
+        jobs_in.close()
+        answers_out.close()
         self.pids.add(self.proc.pid)
         self.started += 1
         self.trials = 0
@@ -202,15 +207,18 @@ class Host:
     def close(self) -> None:
         """End the host and everything it started; remove the /dev/shm segments they left."""
         if self.proc is not None:
-            kill_group(self.proc.pid)
-            self.proc.wait()
+            if self.proc.exitcode is None:
+                kill_group(self.proc.pid)  # its session: the host and its workers
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.proc.pid, signal.SIGKILL)  # if killed before its setsid
+            self.proc.join()
             reap(self.pids)  # its workers: no longer its children, they end on their own
-            if self.proc.stdin:
-                self.proc.stdin.close()
+            self.proc.close()
             self.proc = None
-        if self._answers is not None:
-            os.close(self._answers)
-            self._answers = None
+        for end in (self._jobs, self._answers):
+            if end is not None:
+                end.close()
+        self._jobs = self._answers = None
         remove_dead_shm(self.pids)
 
 
@@ -414,15 +422,54 @@ class _output_to:
             os.close(fd)
 
 
-def serve(config_dir: str, config_name: str) -> None:
-    """The host's loop: a job a line on stdin, an answer a line on ``$FEEDRATE_HOST_FD``."""
-    answers = int(os.environ[_FD_VAR])
+def _end_with_the_sweep(jobs: int) -> None:
+    """A thread of the host: once the sweep's end of the jobs pipe is closed (the sweep died,
+    even mid-trial), kill this host's group, its workers with it. The fork server would end
+    too, and the host with it, but only after the server's interpreter has shut down."""
+    poller = select.poll()
+    poller.register(jobs, 0)  # a hang-up is always reported; the jobs themselves are not
+    while True:
+        if any(event & (select.POLLHUP | select.POLLERR) for _, event in poller.poll()):
+            os.killpg(0, signal.SIGKILL)
+
+
+def _hosted(
+    config_dir: str,
+    config_name: str,
+    log_path: str,
+    script_dir: str | None,
+    env: dict,
+    *,
+    jobs,
+    answers,
+) -> None:
+    """The host process, forked from the fork server: a session of its own (its workers
+    too: killed as one group), killed with the server (which ends with the sweep), the
+    sweep's environment of now, the platform's default start method for its DataLoaders (as
+    a fresh ``python train.py`` has; multiprocessing made it the server's), its output
+    appended to ``log_path``; then :func:`serve`."""
+    os.setsid()
+    die_with_parent(os.getppid())
+    multiprocessing.set_start_method(None, force=True)
+    os.environ.clear()
+    os.environ.update(env)
+    if script_dir is not None and script_dir not in sys.path:
+        sys.path.insert(0, script_dir)  # train.py's folder, as for `python train.py`
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    serve(config_dir, config_name, jobs, answers)
+
+
+def serve(config_dir: str, config_name: str, jobs, answers) -> None:
+    """The host's loop: a job from ``jobs``, its answer to ``answers``, until the sweep's end
+    of ``jobs`` closes."""
+    threading.Thread(target=_end_with_the_sweep, args=(jobs.fileno(),), daemon=True).start()
     host = TrialHost(config_dir, config_name)
-    for line in sys.stdin:
-        job = json.loads(line)
-        answer = host.run(job["overrides"], job["job_dir"])
-        os.write(answers, (json.dumps(answer) + "\n").encode())
-
-
-if __name__ == "__main__":
-    serve(sys.argv[1], sys.argv[2])
+    while True:
+        try:
+            job = jobs.recv()
+        except EOFError:
+            return
+        answers.send(host.run(job["overrides"], job["job_dir"]))

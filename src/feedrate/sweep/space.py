@@ -16,6 +16,7 @@ from feedrate import hardware, stats
 from feedrate.checks import unpicklable
 from feedrate.dataset import build_dataset
 from feedrate.errors import ConfigError
+from feedrate.tuning.policy import wider
 from feedrate.tuning.policy import worker_bound as machine_worker_bound
 
 if TYPE_CHECKING:  # optuna takes a second to import; trial processes load this module too
@@ -92,14 +93,16 @@ def rank_cores(ranks: int = 1) -> int:
 
 
 def next_rung(best: int, widest: int, bound: int) -> int | None:
-    """The workers to try next past the top seed: twice the fastest setting's ``best``, up to
-    ``bound``, while it has the most workers tried yet (``widest``); else None. Latency-bound
-    data scales past the seeds (the ladder stops at 16 a core, a rank's share of them under
-    ``sweep.ranks_per_node``: 16 a rank on 2 ranks of 2 cores, where a per-rank grid peaked at
-    32), and the rate is only known to peak once a wider setting reads slower."""
+    """The workers to try next past the top seed: the climb's step
+    (:func:`feedrate.tuning.policy.wider`; twice, as the wait is not known) from the fastest
+    setting's ``best``, up to ``bound``, while it has the most workers tried yet (``widest``);
+    else None. Latency-bound data scales past the seeds (the ladder stops at 16 a core, a
+    rank's share of them under ``sweep.ranks_per_node``: 16 a rank on 2 ranks of 2 cores,
+    where a per-rank grid peaked at 32), and the rate is only known to peak once a wider
+    setting reads slower."""
     if best <= 0 or best < widest or best >= bound:
         return None
-    return min(2 * best, bound)
+    return wider(best, bound)
 
 
 def in_space(params: dict[str, Any], space: dict[str, Any]) -> dict[str, Any]:

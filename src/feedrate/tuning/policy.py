@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from feedrate.tuning.decide import GAIN, Once, decide
+
 MAX_STEP = 4.0  # the most a step multiplies the workers by
 DEEPEST_PREFETCH = 8
 WAIT_HIGH = 0.10  # above: the consumer waits for data (input-bound)
 BUSY = 0.90  # of the cores: no room for more workers doing CPU work
-GAIN = 0.10  # a choice other than the start must measure this much faster
 PER_WORKER_S = 0.02  # start-up a worker adds, at least (a fork, and its first batch queued)
 
 
@@ -29,6 +30,24 @@ def worker_bound(cores: float) -> int:
     """The most workers a setting may have: not the core count. A worker blocked on storage
     or network latency holds no core, so latency-bound data scales far past the cores."""
     return int(min(256, max(64, 8 * cores)))
+
+
+def wider(workers: int, cap: int, data_wait: float | None = None, cpu_busy: float = 0.0) -> int:
+    """The workers of the next wider setting, the one step of every climb (the tuning
+    loader's, and the sweep's past its seeds): the workers the wait points at, enough to feed
+    the consumer at its compute-bound rate, a step of 2 to ``MAX_STEP`` (1.5 where the cores
+    are busy), within ``cap``. Where the wait is not known (the sweep's trials report only
+    their rate), twice."""
+    here = max(workers, 1)
+    if data_wait is None:
+        step = 2.0
+    elif cpu_busy >= BUSY:
+        step = 1.5
+    else:
+        step = min(MAX_STEP, max(2.0, 1 / max(1 - data_wait, 1e-3)))
+    if not workers:  # from the main process to workers
+        step = max(step, 2.0)
+    return min(cap, max(here + 1, math.ceil(here * step)))
 
 
 @dataclass(frozen=True)
@@ -168,14 +187,12 @@ class Climb:
         return [_valid(m) for m in moves]
 
     def _wider(self, best: Figure) -> int:
-        """The workers the wait points at: enough to feed the consumer at its compute-bound
-        rate, a step of 2 to ``MAX_STEP`` (1.5 where the cores are busy), within the cap."""
-        here = max(best.setting.num_workers, 1)
-        wanted = 1 / max(1 - best.data_wait_frac, 1e-3)
-        step = 1.5 if best.cpu_busy_frac >= BUSY else min(MAX_STEP, max(2.0, wanted))
-        if not best.setting.num_workers:  # from the main process to workers
-            step = max(step, 2.0)
-        return min(self.machine.max_workers, max(here + 1, math.ceil(here * step)))
+        return wider(
+            best.setting.num_workers,
+            self.machine.max_workers,
+            best.data_wait_frac,
+            best.cpu_busy_frac,
+        )
 
     def predicted_seconds(self, setting: Setting, figures: list[Figure]) -> float:
         """What measuring ``setting`` would take: its window, its warm-up (at most a window)
@@ -208,29 +225,38 @@ class Climb:
         return max(measured, key=lambda f: f.samples_per_sec, default=None)
 
     def choose(self, figures: list[Figure]) -> Choice:
-        """The fastest measured; the start unless another measured ``gain`` faster."""
+        """The one decision (:func:`feedrate.tuning.decide.decide`) over the figures, a window
+        each, the start the incumbent: the fastest measured unless the start is within
+        ``gain`` of it; a setting left early is shown slower. A preset that still reads what
+        it records is kept without deciding."""
         best = self.best(figures)
-        start = next((f for f in figures if f.setting == self.start and f.ok), None)
         if best is None:
             failed = "; ".join(f"{f.setting.describe()}: {f.failed}" for f in figures if f.failed)
             return Choice(self.start, f"nothing measured ({failed or 'no figure'})", False)
-        if start is None:
-            return Choice(best.setting, "the fastest measured (the start has no figure)", True)
         if self._confirmed(figures):
+            start = figures[0]
             return Choice(
                 self.start,
                 f"the preset holds: {start.samples_per_sec:,.1f} samples/s, within"
                 f" {self.gain:.0%} of the {self.recorded:,.1f} it records",
                 False,
             )
-        ratio = best.samples_per_sec / start.samples_per_sec
-        if best.setting == self.start or ratio < 1 + self.gain:
-            return Choice(
-                self.start,
-                f"the start: no setting measured {self.gain:.0%} faster (best {ratio:.2f}x)",
-                False,
+        once = {}
+        for f in figures:  # a setting measured twice (a resume): its last figure
+            once[f.setting] = Once(
+                f.setting.describe(),
+                f.samples_per_sec if f.ok else None,
+                f.setting.num_workers,
+                failed=f.failed or ("" if f.ok else "no figure"),
+                dropped="left early: slower than the best" if f.left_early else "",
             )
-        return Choice(best.setting, f"the fastest measured, {ratio:.2f}x the start", True)
+        measured = [c for c in once.values() if not c.failures]
+        incumbent = self.start.describe() if self.start in once else None
+        decision = decide(measured, incumbent=incumbent, gain=self.gain)
+        chosen = next(s for s, c in once.items() if c is decision.winner)
+        if incumbent is None:
+            return Choice(chosen, f"{decision.reason} (the start has no figure)", True)
+        return Choice(chosen, decision.reason, chosen != self.start)
 
 
 def _valid(setting: Setting) -> Setting:
