@@ -83,11 +83,41 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _ratio(c: dict) -> str:
+    """A ratio of seconds or MB: below 1, the forked host takes less (no win or loss word:
+    those read samples/s, where higher is better)."""
+    return (
+        f"{c['ratio']:.2f}x [{c['low']:.2f}, {c['high']:.2f}] over {min(c['rounds'])} paired rounds"
+    )
+
+
+def write_table(report: dict, out: Path) -> str:
+    median, rows = report["median"], report["rows"]
+    n = len([r for r in rows if r["kind"] == "fresh"])
+    table = (
+        f"| host | first trial, s (median of {n}) | peak PSS, MB |\n|---|---|---|\n"
+        + "".join(
+            f"| {k} | {median[k]['seconds']:.2f} | {median[k]['peak_pss_mb']:.0f} |\n"
+            for k in ("fresh", "forked")
+        )
+        + f"\nforked/fresh, seconds: {_ratio(report['forked/fresh seconds'])}\n"
+        + f"forked/fresh, peak PSS: {_ratio(report['forked/fresh peak_pss_mb'])}\n"
+        + f"the fork server's own start (the first forked host): {rows[0]['seconds']:.2f} s\n"
+        + f"\n{report['command']} at {report['cwd_git']}, {report['date']}\n"
+    )
+    (out / "table.md").write_text(table)
+    return table
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--table", type=Path, default=None, help="only rewrite DIR/table.md")
     args = parser.parse_args()
+    if args.table:
+        print(write_table(json.loads((args.table / "results.json").read_text()), args.table))
+        return 0
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     out = (args.out or ROOT / "benchmarks" / "results" / f"{stamp}_host-start").resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -133,17 +163,7 @@ def main() -> int:
         "forked/fresh peak_pss_mb": memory.as_dict(),
     }
     (out / "results.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    table = (
-        f"| host | first trial, s (median of {args.rounds}) | peak PSS, MB |\n|---|---|---|\n"
-        + "".join(
-            f"| {k} | {median[k]['seconds']:.2f} | {median[k]['peak_pss_mb']:.0f} |\n"
-            for k in ("fresh", "forked")
-        )
-        + f"\nforked/fresh, seconds: {seconds.describe()}\n"
-        + f"forked/fresh, peak PSS: {memory.describe()}\n"
-        + f"the fork server's own start (the first forked host): {rows[0]['seconds']:.2f} s\n"
-    )
-    (out / "table.md").write_text(table)
+    table = write_table(report, out)
     plot(rows, out / "host_start.png")
     print("\n" + table + f"\nwrote {out}")
     return 0
