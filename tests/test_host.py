@@ -166,6 +166,21 @@ def test_a_host_is_forked_warm_and_runs_as_a_fresh_process_would(tmp_path, monke
         runner.close()
 
 
+def test_ctrl_c_while_a_host_starts_leaves_nothing_to_end(tmp_path, monkeypatch):
+    """Ctrl-C while the first host waits for the fork server (seconds of preload): the host
+    is not kept, so ending it, and every other, raises nothing and waits for nothing."""
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    runner = Host(CONF, "train", tmp_path / "host.log")
+    monkeypatch.setattr(multiprocessing.get_context("forkserver").Process, "start", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.start()
+    assert runner.proc is None and runner._jobs is None and runner.started == 0
+    runner.close()
+
+
 def _children_of(pid: int) -> list[int]:
     try:
         return [p.pid for p in psutil.Process(pid).children(recursive=True)]

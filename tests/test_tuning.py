@@ -74,8 +74,9 @@ def test_cpu_bound_keeps_the_start_and_says_why():
 
 def test_the_climb_chooses_by_the_sweeps_decision():
     """One decision (feedrate.tuning.decide) for both tuners: a setting left early is shown
-    slower, one failed is out, and of two within 5% the cheaper wins, as in the sweep; the
-    start stays unless another measured 10% faster."""
+    slower, one failed is out; one window a setting shows no two equal (the sweep's 5% needs
+    3 paired rounds), so the fastest wins; the start stays unless another measured 10%
+    faster, and a start measured twice keeps its figure that read."""
     climb = Climb(Setting(4), Machine(2.0, 64), window_s=1.0)
     figures = [
         Figure(Setting(4), 1000.0, 0.8, 0.2, 3.0, 0.5),
@@ -85,10 +86,10 @@ def test_the_climb_chooses_by_the_sweeps_decision():
         Figure(Setting(32), None, failed="worker killed"),
     ]
     choice = climb.choose(figures)
-    assert choice.setting == Setting(16) and choice.beats_start
-    assert "within 5% of the fastest" in choice.reason and "the cheapest" in choice.reason
+    assert choice.setting == Setting(64) and choice.beats_start
+    assert "num_workers=16, prefetch_factor=2 0.98x [0.98, 0.98] no claim" in choice.reason
     close = [Figure(Setting(4), 1000.0, 0.8, 0.2, 3.0, 0.5), Figure(Setting(8), 1090.0)]
-    held = climb.choose(close)
+    held = climb.choose([*close, Figure(Setting(4), None, failed="worker killed")])
     assert held.setting == Setting(4) and not held.beats_start
     assert "no setting measured 10% faster; best num_workers=8" in held.reason
 

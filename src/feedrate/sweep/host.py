@@ -60,10 +60,7 @@ PRELOAD = ["feedrate.launch", "feedrate.sweep.host", "torch._dynamo"]
 
 
 def _context():
-    """Hosts are forked from a server that preloaded :data:`PRELOAD` (``spawn`` where there
-    is no ``forkserver``: a fresh interpreter per host, as before)."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
+    """Hosts are forked from a server that preloaded :data:`PRELOAD` (Linux and macOS)."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
@@ -189,26 +186,33 @@ class Host:
                 filter(None, [self.script_dir, env.get("PYTHONPATH")])
             )
         ctx = _context()
-        jobs_in, self._jobs = ctx.Pipe(duplex=False)
-        self._answers, answers_out = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(
+        jobs_in, jobs = ctx.Pipe(duplex=False)
+        answers, answers_out = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
             target=_hosted,
             args=(self.config_dir, self.config_name, str(self.log_path), self.script_dir, env),
             kwargs={"jobs": jobs_in, "answers": answers_out},
             name="feedrate-trial-host",
         )
-        self.proc.start()
-        jobs_in.close()
-        answers_out.close()
-        self.pids.add(self.proc.pid)
+        try:
+            proc.start()  # the first of a sweep waits for the server to preload (seconds)
+        except BaseException:  # Ctrl-C meanwhile, or no server: nothing started to end
+            for end in (jobs_in, jobs, answers, answers_out):
+                end.close()
+            raise
+        finally:
+            jobs_in.close()
+            answers_out.close()
+        self.proc, self._jobs, self._answers = proc, jobs, answers
+        self.pids.add(proc.pid)
         self.started += 1
         self.trials = 0
 
     def close(self) -> None:
         """End the host and everything it started; remove the /dev/shm segments they left."""
         if self.proc is not None:
+            kill_group(self.proc.pid)  # its session: the host and its workers, dead or alive
             if self.proc.exitcode is None:
-                kill_group(self.proc.pid)  # its session: the host and its workers
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.proc.pid, signal.SIGKILL)  # if killed before its setsid
             self.proc.join()
@@ -247,9 +251,16 @@ class HostPool:
             self.hosts[new] = self.hosts.pop(old)
 
     def close_all(self, but: str | None = None) -> None:
-        """End every host, or every one but ``but``."""
+        """End every host, or every one but ``but``: each, whatever ending another raised
+        (a host left running would hold the sweep at its exit)."""
+        failed = None
         for name in [n for n in self.hosts if n != but]:
-            self.hosts.pop(name).close()
+            try:
+                self.hosts.pop(name).close()
+            except BaseException as exc:  # noqa: BLE001 - the others are ended first
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
 
 POOL = HostPool()
@@ -450,6 +461,7 @@ def _hosted(
     appended to ``log_path``; then :func:`serve`."""
     os.setsid()
     die_with_parent(os.getppid())
+    threading.Thread(target=_end_with_the_sweep, args=(jobs.fileno(),), daemon=True).start()
     multiprocessing.set_start_method(None, force=True)
     os.environ.clear()
     os.environ.update(env)
@@ -465,7 +477,6 @@ def _hosted(
 def serve(config_dir: str, config_name: str, jobs, answers) -> None:
     """The host's loop: a job from ``jobs``, its answer to ``answers``, until the sweep's end
     of ``jobs`` closes."""
-    threading.Thread(target=_end_with_the_sweep, args=(jobs.fileno(),), daemon=True).start()
     host = TrialHost(config_dir, config_name)
     while True:
         try:

@@ -291,13 +291,14 @@ def decide(
 
 
 def _equal(versus: stats.Comparison | None, margin: float, gain: float | None) -> bool:
-    """Within ``margin`` of the fastest: the whole interval's low end above 1 - ``margin``;
-    for the incumbent (``gain`` given) on single measurements, the fastest less than ``gain``
-    faster."""
+    """Within ``margin`` of the fastest: the interval's low end above 1 - ``margin``, over
+    :data:`feedrate.stats.MIN_ROUNDS` paired rounds or more. On fewer, no contestant is shown
+    equal but the incumbent (``gain`` given), while the fastest measured less than ``gain``
+    faster than it."""
     if versus is None:
         return False
-    if gain is not None and min(versus.rounds) < stats.MIN_ROUNDS:
-        return versus.ratio * (1 + gain) > 1
+    if min(versus.rounds) < stats.MIN_ROUNDS:  # no claim of equal, but the incumbent's
+        return gain is not None and versus.ratio * (1 + gain) > 1
     return versus.low >= 1 - margin
 
 

@@ -242,7 +242,9 @@ class Climb:
                 False,
             )
         once = {}
-        for f in figures:  # a setting measured twice (a resume): its last figure
+        for f in figures:  # a setting measured twice (a resume): its last figure that read
+            if f.setting in once and not f.ok:
+                continue
             once[f.setting] = Once(
                 f.setting.describe(),
                 f.samples_per_sec if f.ok else None,
@@ -251,7 +253,8 @@ class Climb:
                 dropped="left early: slower than the best" if f.left_early else "",
             )
         measured = [c for c in once.values() if not c.failures]
-        incumbent = self.start.describe() if self.start in once else None
+        start = once.get(self.start)
+        incumbent = start.name if start is not None and not start.failures else None
         decision = decide(measured, incumbent=incumbent, gain=self.gain)
         chosen = next(s for s, c in once.items() if c is decision.winner)
         if incumbent is None:
