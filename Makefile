@@ -18,12 +18,13 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(PY) train.py
 
-# Every test, the slow ones too (plain pytest leaves them out: see pyproject.toml)
+# Every test, the slow ones too (plain pytest leaves them out: see pyproject.toml), two at a
+# time (pytest-xdist; each test starts processes of its own, and they are sized for 2 cores)
 test: $(STAMP)
-	$(PY) -m pytest -m "" --durations=25
+	$(PY) -m pytest -m "" -n 2 --dist worksteal --durations=25
 
 test-fast: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist worksteal
 
 sweep: $(STAMP)
 	$(PY) train.py -m sweep=loader

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
 import shutil
@@ -35,6 +37,30 @@ def pytest_configure(config):
     node id on the command line runs anyway, since that is what whoever named it meant."""
     if config.option.markexpr == "not slow" and any("::" in arg for arg in config.args):
         config.option.markexpr = ""
+
+
+@pytest.fixture(autouse=True)
+def _machine_share(request, tmp_path_factory):
+    """``make test`` runs two tests at a time (pytest-xdist). Each holds a shared lock on the
+    machine, and a test marked ``alone`` an exclusive one, so what it measures is not another
+    test's load. A turnstile lock, taken first by both, lets a waiting ``alone`` test in
+    before the next shared one."""
+    if not hasattr(request.config, "workerinput"):  # not under xdist: nothing runs beside it
+        yield
+        return
+    root = tmp_path_factory.getbasetemp().parent  # the same folder for every worker
+    alone = request.node.get_closest_marker("alone") is not None
+    with (
+        open(root / "machine.turnstile", "a") as turnstile,
+        open(root / "machine.lock", "a") as machine,
+    ):
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        with contextlib.ExitStack() as held:
+            held.callback(fcntl.flock, machine, fcntl.LOCK_UN)
+            fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            if not alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+            yield
 
 
 def shrink(overrides) -> list[str]:

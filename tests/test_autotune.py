@@ -213,6 +213,7 @@ def test_a_run_resumed_after_tuning_goes_straight_to_the_choice(
     assert _each_once(tmp_path, 5)
 
 
+@pytest.mark.alone
 def test_the_preset_it_writes_is_checked_not_searched_by_the_next_run(
     tmp_path, monkeypatch, short_windows, caplog
 ):
@@ -289,6 +290,7 @@ def test_a_key_of_the_old_tuner_is_named_as_unknown(compose):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_on_drift_retune_tunes_again_once_the_data_wait_rose(tmp_path, short_windows, caplog):
     """Storage 20 ms a sample slower after 4 s: the drift guard warns, and the run tunes
     again at the next epoch's start, from the setting it chose before."""

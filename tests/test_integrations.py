@@ -149,6 +149,7 @@ def run_example(*args: str) -> tuple[dict, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_the_lightning_example_tunes_on_two_processes():
     out, log = run_example("examples/lightning_module.py", "--devices", "2")
     assert out["samples"] > 0 and out["autotune"]["chosen"] is not None
@@ -156,6 +157,7 @@ def test_the_lightning_example_tunes_on_two_processes():
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_the_hf_trainer_example_tunes():
     out, log = run_example("examples/hf_trainer.py")
     assert out["samples"] > 0 and "autotune_loader chose" in log

@@ -130,6 +130,7 @@ def _run(compose, tmp_path, *overrides):
     return feedrate.run(cfg, output_dir=tmp_path)
 
 
+@pytest.mark.alone
 def test_sleep_bound_dataset_is_input_bound_and_workers_cut_the_wait(compose, tmp_path):
     # what this process runs already: a fork server and a resource tracker earlier tests left
     helpers = len(psutil.Process().children(recursive=True))
@@ -302,6 +303,7 @@ def test_a_loader_with_no_batch_is_refused(compose, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_cpu_hog_during_the_measurement_is_flagged(tmp_path):
     # A process of its own: the hogs are not its children (a run counts its children's CPU
     # as its own)
@@ -472,6 +474,7 @@ def test_a_run_measures_after_the_backlog_and_records_its_warm_up(compose, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_run_whose_storage_slows_down_half_way_warns_once(tmp_path, compose, caplog):
     """3 s after the dataset is built each sample waits 10 ms more: 4 workers then deliver a
     batch of 32 in 80 ms, against a few ms of compute. The guard says so once."""

@@ -330,6 +330,7 @@ def test_bad_arguments_are_named(kwargs, problem):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_the_plain_loop_example_runs_and_tunes():
     proc = subprocess.run(
         [sys.executable, "examples/plain_loop.py", "--seconds", "7", "--budget-s", "5",
