@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
@@ -143,6 +144,9 @@ def test_a_host_is_forked_warm_and_runs_as_a_fresh_process_would(tmp_path, monke
     """Forked from the fork server with torch._dynamo imported already, and set as a fresh
     ``python train.py`` is: the sweep's environment of the moment it starts, the platform's
     default start method for its DataLoaders (not the server's), a session of its own."""
+    # One fork server a process: one an earlier test here started (a DataLoader's forkserver
+    # workers) did not preload, and a sweep's process starts none before its hosts
+    multiprocessing.forkserver._forkserver._stop()
     runner = Host(CONF, "train", tmp_path / "host.log")
     reports = ["dataset=custom", "dataset._target_=tests.test_host.Reports", "model=tiny_cnn"]
     reports += ["model._target_=tests.counting.Recorder", "loader.num_workers=2"]
