@@ -936,7 +936,7 @@ def test_a_two_rank_sweep_tunes_each_rank_with_both_running(project):
         "sweep.ranks_per_node=2",
         "sweep.divided=recipe",
         name="ranks",
-        n_trials=2,
+        n_trials=1,  # each trial and final a torchrun of three interpreters: 12 s of CPU here
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     sweep_dir = project / "multirun" / "0"
@@ -946,7 +946,7 @@ def test_a_two_rank_sweep_tunes_each_rank_with_both_running(project):
     ok = [r for r in rows if r["status"] == "ok"]
     assert ok and all(len(r["rank_data_wait"].split()) == 2 for r in ok), "each rank's wait"
     jobs = [p.parent for p in sweep_dir.rglob("metrics.json")]
-    assert len(jobs) >= 2 + 4
+    assert len(jobs) >= 1 + 4
     for job in jobs:
         m = json.loads((job / "metrics.json").read_text())
         first, second = m["ranks"]
