@@ -168,16 +168,17 @@ class Climb:
             if here.num_workers >= 2 and best.cpu_busy_frac >= BUSY:
                 return [_valid(narrower)]
             return []
-        wider = [
+        tried_wider = [
             f.setting
             for f in figures
             if f.setting.num_workers > here.num_workers and f.setting.depth == here.depth
         ]
         moves = []
-        if not wider and here.num_workers < cap:
-            moves.append(replace(here, num_workers=self._wider(best)))
-        elif wider:  # the widening measured slower: between the two, while they are far apart
-            above = min(s.num_workers for s in wider)
+        if not tried_wider and here.num_workers < cap:
+            step = wider(here.num_workers, cap, best.data_wait_frac, best.cpu_busy_frac)
+            moves.append(replace(here, num_workers=step))
+        elif tried_wider:  # the widening measured slower: between the two, while far apart
+            above = min(s.num_workers for s in tried_wider)
             mid = round(math.sqrt(max(here.num_workers, 1) * above))
             if here.num_workers < mid < above and above >= 3 * max(here.num_workers, 1):
                 moves.append(replace(here, num_workers=mid))
@@ -185,14 +186,6 @@ class Climb:
             deeper = min(DEEPEST_PREFETCH, 4 * here.depth)
             moves.append(replace(here, prefetch_factor=deeper))
         return [_valid(m) for m in moves]
-
-    def _wider(self, best: Figure) -> int:
-        return wider(
-            best.setting.num_workers,
-            self.machine.max_workers,
-            best.data_wait_frac,
-            best.cpu_busy_frac,
-        )
 
     def predicted_seconds(self, setting: Setting, figures: list[Figure]) -> float:
         """What measuring ``setting`` would take: its window, its warm-up (at most a window)
