@@ -34,9 +34,10 @@ from hydra.utils import execution_whitelist
 from omegaconf import DictConfig, OmegaConf
 
 import feedrate.launch
-from feedrate import environment, hardware
+from feedrate import distributed, environment, hardware
 from feedrate.config import TRUSTED_TARGETS
-from feedrate.sweep.trial import TrialResult, read_result
+from feedrate.sweep import space
+from feedrate.sweep.trial import Fresh, TrialResult, read_result
 
 MAIN_MB = 600.0  # the training process
 WORKER_MB = {"fork": 20.0, "forkserver": 300.0, "spawn": 300.0}  # each worker, by start method
@@ -76,6 +77,9 @@ class Simulated:
         job_dir = Path(job_dir)
         (job_dir / ".hydra").mkdir(parents=True, exist_ok=True)
         cfg = compose("train", list(overrides))
+        if space.ranks_per_node(cfg) > 1:  # as Fresh runs it: torchrun, loader.per_rank=true
+            command = Fresh("train.py", space.ranks_per_node(cfg)).command(overrides, job_dir)
+            cfg = compose("train", command[command.index("train.py") + 1 : -1])
         (job_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         time.sleep(self.seconds)
         reason = self.fail(cfg)
@@ -99,7 +103,11 @@ def simulate(cfg: DictConfig, overrides: list[str], nth: int, speed: float = 1.0
     """The metrics.json a run of ``cfg`` would write, from :func:`loader_rate`; a jitter of
     +-0.5% that differs from trial to trial (``nth``) stands for the machine's noise."""
     loader = OmegaConf.to_container(cfg.loader, resolve=True, enum_to_str=True)
-    workers = int(loader["num_workers"])
+    # sweep.ranks_per_node: torchrun's ranks, each with the node's workers divided between
+    # them unless loader.per_rank (as launch.py does), the job's rate their sum
+    ranks = space.ranks_per_node(cfg)
+    local = distributed.Ranks(world_size=ranks, local_world_size=ranks)
+    workers = distributed.workers_per_rank(int(loader["num_workers"]), local, loader["per_rank"])
     method = loader.get("multiprocessing_context") or "fork"
     latency = float(cfg.dataset.get("io_latency_ms") or 0) / 1000 + DECODE_S
     delivered = loader_rate(workers, latency, int(loader.get("prefetch_factor") or 2))
@@ -112,6 +120,7 @@ def simulate(cfg: DictConfig, overrides: list[str], nth: int, speed: float = 1.0
         rate = 1.0 / (latency + COMPUTE_S)
     else:
         rate = min(delivered, 1.0 / COMPUTE_S)
+    rate *= ranks
     digest = hashlib.sha256(f"{sorted(overrides)}{nth}".encode()).digest()
     rate *= speed * (1.0 + (digest[0] / 255.0 - 0.5) / 100.0)
     wait = max(0.0, 1.0 - rate * COMPUTE_S) if measure == "train" else 0.0
@@ -164,7 +173,8 @@ def simulate(cfg: DictConfig, overrides: list[str], nth: int, speed: float = 1.0
             "channels_last": False,
             "cudnn_benchmark": False,
             "non_blocking": False,
-            "loader": {**loader, "pin_memory": False},
+            "loader": {**loader, "num_workers": workers, "pin_memory": False},
+            "ranks_per_node": ranks,
             "torch_threads": threads,
             "dataset_len": int(cfg.dataset.get("n_samples") or 1000),
             "sample_bytes": 3072,

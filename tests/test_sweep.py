@@ -34,7 +34,7 @@ from feedrate.config import Measure
 from feedrate.errors import ConfigError
 from feedrate.project import preset_file
 from feedrate.resolvers import workload_key
-from feedrate.sweep import ceiling
+from feedrate.sweep import ceiling, host
 from feedrate.sweep.decide import Contestant, merge_identical, pick_finalists
 from feedrate.sweep.feasibility import Budget, FeasibilityGuard, Footprint, memory_budget, predict
 from feedrate.sweep.report import pareto_front
@@ -926,52 +926,30 @@ def test_tiny_sweep_writes_a_preset_that_composes_back(project):
 
 
 @pytest.mark.slow
-def test_a_two_rank_sweep_tunes_each_rank_with_both_running(project):
-    """sweep.ranks_per_node=2: every trial is torchrun with 2 ranks, measured over one window
-    on both; the finals add Lightning's formula and a one-process preset divided; the preset
-    is each rank's and says so."""
-    proc = _sweep(
-        project,
-        *SLEEPY_SYNTHETIC,
-        "sweep.ranks_per_node=2",
-        "sweep.divided=recipe",
-        name="ranks",
-        n_trials=1,  # each trial and final a torchrun of three interpreters: 12 s of CPU here
+def test_a_two_rank_trial_is_torchrun_measured_on_both_ranks(project, monkeypatch):
+    """sweep.ranks_per_node=2: each trial is torchrun with 2 ranks (as the job will run),
+    measured over one window on both, their rates summed; nothing of it outlives the trial.
+    (The sweep around it, its finals and its preset: the simulated test below.)"""
+    monkeypatch.setattr(sys, "argv", [str(project / "train.py"), "-m"])
+    sweep = OmegaConf.create({"sweep": {"ranks_per_node": 2}, "hydra": {"launcher": {}}})
+    runner = host.runner_for(sweep, "search")
+    assert isinstance(runner, Fresh) and runner.ranks == 2  # a warm host is one process
+    monkeypatch.chdir(project)
+    overrides = ["sweep=loader", *TINY_SWEEP, *SLEEPY_SYNTHETIC, "sweep.ranks_per_node=2"]
+    trial = ["loader.num_workers=2", "loader.prefetch_factor=2"]
+    result = run_trial(runner, [*overrides, *trial], project / "job", timeout_s=120)
+    assert result.status == "ok", result.reason + (project / "job" / "trial.log").read_text()
+    m = result.metrics
+    first, second = m["ranks"]
+    assert m["world_size"] == 2 and m["run"]["ranks_per_node"] == 2
+    assert first["measured_steps"] == second["measured_steps"] > 0
+    assert m["samples_per_sec"] == pytest.approx(
+        first["samples_per_sec"] + second["samples_per_sec"]
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    sweep_dir = project / "multirun" / "0"
-    rows = _rows(sweep_dir)
-    named = {n for r in rows if r["phase"] == "final 1" for n in r["name"].split(" = ")}
-    assert named >= {"default", "recipe", "lightning", "recipe divided"}
-    ok = [r for r in rows if r["status"] == "ok"]
-    assert ok and all(len(r["rank_data_wait"].split()) == 2 for r in ok), "each rank's wait"
-    jobs = [p.parent for p in sweep_dir.rglob("metrics.json")]
-    assert len(jobs) >= 1 + 4
-    for job in jobs:
-        m = json.loads((job / "metrics.json").read_text())
-        first, second = m["ranks"]
-        assert m["world_size"] == 2 and m["run"]["ranks_per_node"] == 2
-        assert first["measured_steps"] == second["measured_steps"], job
-        total = first["samples_per_sec"] + second["samples_per_sec"]
-        assert m["samples_per_sec"] == pytest.approx(total)
-    loaders = {
-        j.name: json.loads((j / "metrics.json").read_text())["run"]["loader"]["num_workers"]
-        for j in jobs
-    }
-    lightning = max(1, int(hardware.usable_cores()) // 2 - 1)  # its formula, each rank's
-    assert loaders["round0_lightning"] == lightning
-    assert loaders["round0_recipe"] == 4  # recipe's 4 workers, each rank's
-    assert loaders["round0_recipe_divided"] == 2  # recipe's 4, divided as torchrun runs it
-    text = (project / "conf" / "loader" / "ranks.yaml").read_text()
-    assert text.startswith("# torchrun --nproc_per_node=2 train.py loader=ranks\n")
-    again = "# Re-measure the winner as the sweep did: torchrun --nproc_per_node=2 train.py"
-    assert f"{again} loader.per_rank=true " in text and "# Measured with 2 ranks" in text
-    preset = OmegaConf.load(project / "conf" / "loader" / "ranks.yaml")
-    assert preset.measured_on.workload.ranks_per_node == 2
-    decided = OmegaConf.load(sweep_dir / "final_decision.yaml")
-    divided = decided.winner.startswith("recipe divided")  # the machine's workers, split
-    assert preset.get("per_rank", False) is not divided, decided.winner
-    assert _our_processes(project) == [], "a trial process outlived the sweep"
+    assert m["run"]["loader"]["num_workers"] == 2, "each rank's (loader.per_rank=true)"
+    (row,) = report_rows(optuna.create_study(), [result], [], 0)
+    assert len(row["rank_data_wait"].split()) == 2, "each rank's wait"
+    assert _our_processes(project) == [], "a rank outlived the trial"
 
 
 def _simulated(project, monkeypatch, capsys, *args, name="tiny", n_trials=3, rounds=1, **kw):
@@ -991,6 +969,45 @@ def _simulated(project, monkeypatch, capsys, *args, name="tiny", n_trials=3, rou
         capsys=capsys,
     )
     return swept, runner
+
+
+def test_a_two_rank_sweep_adds_each_ranks_baselines_and_writes_a_per_rank_preset(
+    project, monkeypatch, capsys
+):
+    """sweep.ranks_per_node=2, its torchrun trials simulated (one runs for real below): the
+    finals add Lightning's formula and the one-process preset divided, each rank's settings
+    as torchrun runs them; the preset is each rank's, or divided, and says so."""
+    swept, runner = _simulated(
+        project,
+        monkeypatch,
+        capsys,
+        *SLEEPY_SYNTHETIC,
+        "sweep.ranks_per_node=2",
+        "sweep.divided=recipe",
+        name="ranks",
+        n_trials=2,
+    )
+    assert swept.returncode == 0, swept.out[-3000:]
+    sweep_dir = project / "multirun" / "0"
+    named = {n for r in _rows(sweep_dir) if r["phase"] == "final 1" for n in r["name"].split(" = ")}
+    assert named >= {"default", "recipe", "lightning", "recipe divided"}
+    loaders = {
+        j.parent.name: json.loads(j.read_text())["run"]["loader"]["num_workers"]
+        for j in sweep_dir.glob("final/round0_*/metrics.json")
+    }
+    lightning = max(1, int(hardware.usable_cores()) // 2 - 1)  # its formula, each rank's
+    assert loaders["round0_lightning"] == lightning
+    assert loaders["round0_recipe"] == 4  # recipe's 4 workers, each rank's
+    assert loaders["round0_recipe_divided"] == 2  # recipe's 4, divided as torchrun runs it
+    text = (project / "conf" / "loader" / "ranks.yaml").read_text()
+    assert text.startswith("# torchrun --nproc_per_node=2 train.py loader=ranks\n")
+    again = "# Re-measure the winner as the sweep did: torchrun --nproc_per_node=2 train.py"
+    assert f"{again} loader.per_rank=true " in text and "# Measured with 2 ranks" in text
+    preset = OmegaConf.load(project / "conf" / "loader" / "ranks.yaml")
+    assert preset.measured_on.workload.ranks_per_node == 2
+    decided = OmegaConf.load(sweep_dir / "final_decision.yaml")
+    divided = decided.winner.startswith("recipe divided")  # the machine's workers, split
+    assert preset.get("per_rank", False) is not divided, decided.winner
 
 
 def test_a_sweep_within_a_memory_budget_returns_a_preset_under_it(project, monkeypatch, capsys):
