@@ -12,9 +12,10 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	# --no-compile: Python compiles each module the first time it is imported instead of all
-	# of torch's up front (the install takes half the time; what is never imported never is)
 	$(PY) -m pip install --no-compile -e '.[test,cluster,dashboard,postgres,integrations]'
+	# pip compiles on one core; this on all of them (a file written for a newer Python, such
+	# as torch's py312_intrinsics.py, does not compile and is named in the log, as pip skips it)
+	$(PY) -m compileall -q -j 0 $(VENV)/lib > $(VENV)/compileall.log 2>&1 || true
 	touch $(STAMP)
 
 train: $(STAMP)

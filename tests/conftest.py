@@ -39,6 +39,15 @@ def pytest_configure(config):
         config.option.markexpr = ""
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under ``make test`` (two at a time), the tests marked ``alone`` first, the rest in file
+    order: one marked ``alone`` that comes later waits for whatever the other worker is
+    running (a minute for the slowest), and that worker then idles while it runs. At the
+    start they only wait for each other."""
+    if hasattr(config, "workerinput"):  # an xdist worker: the order it is handed out in
+        items.sort(key=lambda item: item.get_closest_marker("alone") is None)  # stable
+
+
 @pytest.fixture(autouse=True)
 def _machine_share(request, tmp_path_factory):
     """``make test`` runs two tests at a time (pytest-xdist). Each holds a shared lock on the
