@@ -131,7 +131,7 @@ def test_an_installed_feedrate_trains_sweeps_and_lists_presets_in_a_project_of_i
         *sweep,
         "loader.batch_size=16",
         "sweep.preset_name=mine",
-        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.n_trials=1",
         "sweep.final_rounds=1",
         "hydra.sweep.dir=sweep",
     )

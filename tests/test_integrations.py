@@ -140,7 +140,7 @@ def test_the_hf_trainer_trains_every_sample_once_an_epoch_across_a_resume(tmp_pa
 
 def run_example(*args: str) -> tuple[dict, str]:
     proc = subprocess.run(
-        [sys.executable, *args, "--seconds", "7", "--budget-s", "5", "--length", "3000",
+        [sys.executable, *args, "--seconds", "8", "--budget-s", "7", "--length", "3000",
          "--median-ms", "4"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
