@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> None:
     trainer = L.Trainer(
         accelerator="cpu",
         devices=args.devices,
-        strategy="ddp" if args.devices > 1 else "auto",
+        # the second process forked from this one, not a fresh interpreter: what is counted
+        # is the same (examples/lightning_module.py runs Lightning's default "ddp")
+        strategy="ddp_fork" if args.devices > 1 else "auto",
         max_epochs=args.epochs,
         logger=False,
         enable_checkpointing=False,
