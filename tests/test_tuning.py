@@ -333,7 +333,7 @@ def test_bad_arguments_are_named(kwargs, problem):
 @pytest.mark.alone
 def test_the_plain_loop_example_runs_and_tunes():
     proc = subprocess.run(
-        [sys.executable, "examples/plain_loop.py", "--seconds", "7", "--budget-s", "5",
+        [sys.executable, "examples/plain_loop.py", "--seconds", "8", "--budget-s", "7",
          "--length", "3000", "--median-ms", "4"],
         cwd=ROOT, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
