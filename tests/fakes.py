@@ -200,6 +200,12 @@ def sweep(project: Path, *args: str, runner, monkeypatch, capsys) -> Swept:
     return _as_hydra_main(project, args, True, monkeypatch, capsys)
 
 
+def multirun(project: Path, *args: str, monkeypatch, capsys) -> Swept:
+    """``python train.py -m ARGS`` in ``project``, in this process: Hydra's own launcher runs
+    each job here, as it would in that process."""
+    return _as_hydra_main(project, args, True, monkeypatch, capsys)
+
+
 def train(project: Path, *args: str, monkeypatch, capsys) -> Swept:
     """``python train.py ARGS`` in ``project`` (its train.py and conf/), in this process, as
     ``@hydra.main`` runs it: its exit status is its ``sys.exit`` (0 when it returns), its

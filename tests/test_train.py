@@ -196,17 +196,11 @@ def test_notebook_api_runs_with_spawn_workers(tmp_path):
     assert (tmp_path / "out" / "metrics.json").exists()
 
 
-@pytest.mark.slow
-def test_multirun_over_presets(tmp_path):
+def test_multirun_over_presets(tmp_path, monkeypatch, capsys):
     sweep = tmp_path / "multirun"
-    proc = run_cli(
-        "-m",
-        "loader=default,recipe,ssd_8core",
-        *shrink([]),
-        f"hydra.sweep.dir={sweep}",
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = ["loader=default,recipe,ssd_8core", *shrink([]), f"hydra.sweep.dir={sweep}"]
+    proc = fakes.multirun(ROOT, *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert proc.returncode == 0, proc.out[-3000:]
     workers = [_metrics(sweep / str(i))["run"]["loader"]["num_workers"] for i in range(3)]
     assert workers == [0, 4, 8]
 
@@ -304,17 +298,24 @@ def test_a_loader_with_no_batch_is_refused(compose, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.alone
-def test_a_cpu_hog_during_the_measurement_is_flagged(tmp_path):
-    # A process of its own: the hogs are not its children (a run counts its children's CPU
-    # as its own)
+def test_a_cpu_hog_during_the_measurement_is_flagged(tmp_path, train_here):
     # Busy loops on every core of this machine while a run measures: its figures are noise.
-    hogs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for _ in range(max(2, len(os.sched_getaffinity(0))))
-    ]
+    # Started by a process that exits at once, so they are not this one's children (a run
+    # counts its children's CPU as its own).
+    start = "import subprocess as s, sys; print(*[s.Popen([sys.executable, '-c', sys.argv[1]],"
+    start += " stdout=s.DEVNULL, stderr=s.DEVNULL).pid for _ in range(int(sys.argv[2]))])"
+    n = max(2, len(os.sched_getaffinity(0)))
+    started = subprocess.run(
+        [sys.executable, "-c", start, "while True: pass", str(n)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    hogs = [psutil.Process(int(pid)) for pid in started.stdout.split()]
     try:
+        assert len(hogs) == n and all(h.ppid() != os.getpid() for h in hogs)
         time.sleep(0.5)
-        proc = run_cli(
+        proc = train_here(
             *shrink(
                 ["trainer.max_steps=60", "trainer.window_steps=10", f"hydra.run.dir={tmp_path}"]
             )
@@ -322,7 +323,6 @@ def test_a_cpu_hog_during_the_measurement_is_flagged(tmp_path):
     finally:
         for h in hogs:
             h.kill()
-            h.wait()
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["other_cpu_frac"] > 0.25
