@@ -129,6 +129,7 @@ def simulate(cfg: DictConfig, overrides: list[str], nth: int, speed: float = 1.0
     samples = max(1, round(rate * seconds))
     batch = int(loader["batch_size"])
     threads = loader.get("main_threads") or torch.get_num_threads()
+    threads = distributed.workers_per_rank(threads, local, loader["per_rank"])  # as launch.py
     return {
         "samples_per_sec": rate,
         "consumed_samples_per_sec": rate,
@@ -146,10 +147,11 @@ def simulate(cfg: DictConfig, overrides: list[str], nth: int, speed: float = 1.0
         "cpu_util": 0.5,
         "other_cpu_frac": 0.0,
         "noise": [],
-        "peak_pss_mb": MAIN_MB + workers_mb,
-        "peak_uss_mb": MAIN_MB / 2 + workers_mb,
+        # every rank's, summed (distributed.py); the main process's is one rank's
+        "peak_pss_mb": ranks * (MAIN_MB + workers_mb),
+        "peak_uss_mb": ranks * (MAIN_MB / 2 + workers_mb),
         "peak_main_pss_mb": MAIN_MB,
-        "peak_processes": 1 + workers,
+        "peak_processes": ranks * (1 + workers),
         "peak_shm_mb": 0.1 * workers * int(loader.get("prefetch_factor") or 2),
         "memory_samples_while_measuring": 3,
         "final_loss": 0.5,

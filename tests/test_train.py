@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -296,23 +298,36 @@ def test_a_loader_with_no_batch_is_refused(compose, tmp_path):
         feedrate.run(cfg, output_dir=tmp_path)
 
 
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
 @pytest.mark.slow
 @pytest.mark.alone
 def test_a_cpu_hog_during_the_measurement_is_flagged(tmp_path, train_here):
     # Busy loops on every core of this machine while a run measures: its figures are noise.
     # Started by a process that exits at once, so they are not this one's children (a run
-    # counts its children's CPU as its own).
-    start = "import subprocess as s, sys; print(*[s.Popen([sys.executable, '-c', sys.argv[1]],"
-    start += " stdout=s.DEVNULL, stderr=s.DEVNULL).pid for _ in range(int(sys.argv[2]))])"
+    # counts its children's CPU as its own); in a process group of their own, killed as one,
+    # and each ends by itself after a minute whatever happens here.
+    hog = "import time\nt = time.monotonic() + 60\nwhile time.monotonic() < t: pass"
+    start = "import os, subprocess as s, sys; print(os.getpid(), flush=True); [s.Popen("
+    start += "[sys.executable, '-c', sys.argv[1]], stdout=s.DEVNULL, stderr=s.DEVNULL)"
+    start += " for _ in range(int(sys.argv[2]))]"
     n = max(2, len(os.sched_getaffinity(0)))
-    started = subprocess.run(
-        [sys.executable, "-c", start, "while True: pass", str(n)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    hogs = [psutil.Process(int(pid)) for pid in started.stdout.split()]
+    group = None
     try:
+        started = subprocess.run(
+            [sys.executable, "-c", start, hog, str(n)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            start_new_session=True,  # its pid is the hogs' process group
+        )
+        group = int(started.stdout.split()[0])
+        hogs = [p for p in psutil.process_iter() if _pgid(p.pid) == group]
         assert len(hogs) == n and all(h.ppid() != os.getpid() for h in hogs)
         time.sleep(0.5)
         proc = train_here(
@@ -321,8 +336,9 @@ def test_a_cpu_hog_during_the_measurement_is_flagged(tmp_path, train_here):
             )
         )
     finally:
-        for h in hogs:
-            h.kill()
+        if group is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["other_cpu_frac"] > 0.25
