@@ -77,9 +77,9 @@ class Simulated:
         job_dir = Path(job_dir)
         (job_dir / ".hydra").mkdir(parents=True, exist_ok=True)
         cfg = compose("train", list(overrides))
-        if space.ranks_per_node(cfg) > 1:  # as Fresh runs it: torchrun, loader.per_rank=true
-            command = Fresh("train.py", space.ranks_per_node(cfg)).command(overrides, job_dir)
-            cfg = compose("train", command[command.index("train.py") + 1 : -1])
+        ranks = space.ranks_per_node(cfg)
+        if ranks > 1:  # as Fresh runs it under torchrun
+            cfg = compose("train", Fresh("train.py", ranks).job_overrides(list(overrides)))
         (job_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         time.sleep(self.seconds)
         reason = self.fail(cfg)
@@ -199,7 +199,7 @@ def sweep(project: Path, *args: str, runner, monkeypatch, capsys) -> Swept:
     every trial run by ``runner``. Hydra composes and runs it as ``@hydra.main`` does; the
     sweep's exit status is its ``sys.exit`` (0 when it returns)."""
     monkeypatch.setattr("feedrate.sweep.host.runner_for", lambda config, name: runner)
-    return _as_hydra_main(project, args, True, monkeypatch, capsys)
+    return multirun(project, *args, monkeypatch=monkeypatch, capsys=capsys)
 
 
 def multirun(project: Path, *args: str, monkeypatch, capsys) -> Swept:

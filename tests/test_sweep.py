@@ -977,7 +977,7 @@ def test_a_two_rank_sweep_adds_each_ranks_baselines_and_writes_a_per_rank_preset
     """sweep.ranks_per_node=2, its torchrun trials simulated (one runs for real below): the
     finals add Lightning's formula and the one-process preset divided, each rank's settings
     as torchrun runs them; the preset is each rank's, or divided, and says so."""
-    swept, runner = _simulated(
+    swept, _ = _simulated(
         project,
         monkeypatch,
         capsys,

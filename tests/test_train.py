@@ -298,13 +298,6 @@ def test_a_loader_with_no_batch_is_refused(compose, tmp_path):
         feedrate.run(cfg, output_dir=tmp_path)
 
 
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
-
-
 @pytest.mark.slow
 @pytest.mark.alone
 def test_a_cpu_hog_during_the_measurement_is_flagged(tmp_path, train_here):
@@ -313,9 +306,9 @@ def test_a_cpu_hog_during_the_measurement_is_flagged(tmp_path, train_here):
     # counts its children's CPU as its own); in a process group of their own, killed as one,
     # and each ends by itself after a minute whatever happens here.
     hog = "import time\nt = time.monotonic() + 60\nwhile time.monotonic() < t: pass"
-    start = "import os, subprocess as s, sys; print(os.getpid(), flush=True); [s.Popen("
-    start += "[sys.executable, '-c', sys.argv[1]], stdout=s.DEVNULL, stderr=s.DEVNULL)"
-    start += " for _ in range(int(sys.argv[2]))]"
+    start = "import os, subprocess as s, sys; print(os.getpid(), flush=True); print(*[s.Popen("
+    start += "[sys.executable, '-c', sys.argv[1]], stdout=s.DEVNULL, stderr=s.DEVNULL).pid"
+    start += " for _ in range(int(sys.argv[2]))])"
     n = max(2, len(os.sched_getaffinity(0)))
     group = None
     try:
@@ -326,8 +319,8 @@ def test_a_cpu_hog_during_the_measurement_is_flagged(tmp_path, train_here):
             timeout=30,
             start_new_session=True,  # its pid is the hogs' process group
         )
-        group = int(started.stdout.split()[0])
-        hogs = [p for p in psutil.process_iter() if _pgid(p.pid) == group]
+        group, *pids = (int(pid) for pid in started.stdout.split())
+        hogs = [psutil.Process(pid) for pid in pids]
         assert len(hogs) == n and all(h.ppid() != os.getpid() for h in hogs)
         time.sleep(0.5)
         proc = train_here(

@@ -240,20 +240,19 @@ class Fresh:
         self.script = Path(script)
         self.ranks = ranks
 
+    def job_overrides(self, overrides: list[str]) -> list[str]:
+        """``overrides`` as the job runs them: under torchrun, loader settings each rank's."""
+        return ["loader.per_rank=true", *overrides] if self.ranks > 1 else list(overrides)
+
     def command(self, overrides: list[str], job_dir: Path) -> list[str]:
+        job = [str(self.script), *self.job_overrides(overrides), f"hydra.run.dir={job_dir}"]
         if self.ranks == 1:
-            return [sys.executable, str(self.script), *overrides, f"hydra.run.dir={job_dir}"]
+            return [sys.executable, *job]
         torchrun = [
             *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
             f"--nproc_per_node={self.ranks}",
         ]
-        return [
-            *torchrun,
-            str(self.script),
-            "loader.per_rank=true",
-            *overrides,
-            f"hydra.run.dir={job_dir}",
-        ]
+        return [*torchrun, *job]
 
     def __call__(
         self,
