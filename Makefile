@@ -4,6 +4,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Python compiles a module's bytecode the first time it is imported, and keeps it (__pycache__):
+# only what runs is compiled, about a third of the 14,751 files pip would compile, on one
+# core. Where PYTHONDONTWRITEBYTECODE is set nothing is kept, and every process of the suite
+# would compile torch again, so make's commands keep it (see docs/install.md).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup train test test-fast sweep bench doctor lock lint format clean
 
@@ -13,9 +18,6 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install --no-compile -e '.[test,cluster,dashboard,postgres,integrations]'
-	# pip compiles on one core; this on all of them (a file written for a newer Python, such
-	# as torch's py312_intrinsics.py, does not compile and is named in the log, as pip skips it)
-	$(PY) -m compileall -q -j 0 $(VENV)/lib > $(VENV)/compileall.log 2>&1 || true
 	touch $(STAMP)
 
 train: $(STAMP)

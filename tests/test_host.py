@@ -192,6 +192,7 @@ def _children_of(pid: int) -> list[int]:
         return []
 
 
+@pytest.mark.quiet  # waits out a hang: runs beside an alone test
 def test_a_hanging_trial_kills_the_host_and_its_workers(tmp_path):
     runner = Host(CONF, "train", tmp_path / "host.log")
     hangs = ["dataset=custom", "dataset._target_=tests.test_faults.Hangs", "loader.num_workers=2"]

@@ -3,6 +3,7 @@ an epoch, across a resume, on 1 and 2 processes; and the examples, run as a user
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -17,8 +18,12 @@ from tests.tuning_fakes import Indices, tuning_loader
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES, EPOCHS = 240, 3
 
-pytest.importorskip("lightning", reason="the integrations extra: pip install -e '.[integrations]'")
-pytest.importorskip("transformers", reason="the integrations extra")
+# Looked up, not imported: Lightning and transformers take seconds to import, and only the
+# tests that run them in this process do (the rest start processes of their own)
+pytestmark = pytest.mark.skipif(
+    not all(importlib.util.find_spec(name) for name in ("lightning", "transformers")),
+    reason="the integrations extra: pip install -e '.[integrations]'",
+)
 
 
 def per_epoch(parts: dict[str, dict]) -> list[list[int]]:

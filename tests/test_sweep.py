@@ -709,6 +709,7 @@ def test_the_pareto_front_keeps_what_nothing_beats_on_both():
 # A trial in its own process
 
 
+@pytest.mark.quiet  # waits out a hang: runs beside an alone test
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_hanging_trial_is_killed_with_its_workers(tmp_path, ranks):
     """A trial past its time limit is killed with every process it started: under torchrun
