@@ -7,9 +7,14 @@ HERE = Path(__file__).parent
 
 
 def cpu(r: dict) -> str:
-    if "user_s" in r:
-        return f"{r['user_s'] + r['sys_s']:.1f}"
-    return f"{r['cpu_s_all_tests']:.1f} (whole machine)" if "cpu_s_all_tests" in r else "-"
+    """user+sys of what `time` waited for; the whole machine's (/proc/stat) where measured:
+    `time` misses processes it did not wait for (fork servers, torchrun's ranks)."""
+    parts = [f"{r['user_s'] + r['sys_s']:.1f}"] if "user_s" in r else []
+    if "machine_cpu_s" in r:
+        parts.append(f"{r['machine_cpu_s']:.1f} (whole machine)")
+    elif "cpu_s_all_tests" in r:
+        parts.append(f"{r['cpu_s_all_tests']:.1f} (whole machine)")
+    return "; ".join(parts) or "-"
 
 
 def main() -> None:
