@@ -39,24 +39,31 @@ def pytest_configure(config):
         config.option.markexpr = ""
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected: the list xdist hands out
 def pytest_collection_modifyitems(config, items):
     """Under ``make test`` (two at a time), the order the tests are handed out in. Work
-    stealing hands each worker half of this list to start with.
+    stealing hands each worker an equal share of this list to start with, in turn.
 
-    - The first half starts with the tests marked ``alone``: one that came later would wait
-      for whatever the other worker was running (a minute for the slowest), and that worker
-      would then idle while it ran.
-    - The second half starts with the tests marked ``quiet`` (a hang waited out to its
-      timeout), which hold no lock: the other worker runs them while the ``alone`` tests
-      hold the machine, instead of waiting.
+    - The first worker's share starts with the tests marked ``alone``: one that came later
+      would wait for whatever the other worker was running (a minute for the slowest), and
+      that worker would then idle while it ran.
+    - The second worker's share starts with the tests marked ``quiet`` (a hang waited out to
+      its timeout), which hold no lock: that worker runs them while the ``alone`` tests hold
+      the machine, instead of waiting.
     - The rest keep file order (519 s for the suite with the first rule, against 620 s in
       file order)."""
+    both = [
+        i.nodeid for i in items if i.get_closest_marker("alone") and i.get_closest_marker("quiet")
+    ]
+    if both:
+        raise pytest.UsageError(f"marked both alone and quiet (one or the other): {both}")
     if not hasattr(config, "workerinput"):  # not an xdist worker: file order
         return
     alone = [item for item in items if item.get_closest_marker("alone")]
     quiet = [item for item in items if item.get_closest_marker("quiet")]
     rest = [item for item in items if item not in alone and item not in quiet]
-    first = max(0, len(items) // 2 - len(alone))
+    # the first worker's share: with -n 3, a third (then the second worker's starts)
+    first = max(0, len(items) // config.workerinput["workercount"] - len(alone))
     items[:] = [*alone, *rest[:first], *quiet, *rest[first:]]
 
 

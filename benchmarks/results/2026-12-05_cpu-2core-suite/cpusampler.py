@@ -6,8 +6,11 @@ Every 0.5 s it reads each process's CPU (utime + stime, /proc/PID/stat) and adds
 since the last reading to the test that started it: PYTEST_CURRENT_TEST in the process's
 environment as it was exec'd (a test's subprocesses inherit it; what they fork shares it).
 The xdist workers themselves, and what they fork (the in-process tests' workers), have none:
-they count as "other", with postgres and this sampler. A process that lives under 0.5 s is
-missed."""
+they count as "other", with this sampler and the machine's other processes. A helper that
+outlives the test that started it (a fork server and what it forks later, the PostgreSQL
+server) counts for that test. Processes running before it starts count only from then on;
+a process's last half second, and one that lives less, is missed: the figures are close, not
+exact."""
 
 from __future__ import annotations
 
@@ -35,6 +38,10 @@ def describe(pid: int) -> tuple[str, str] | None:
     return "other", cmd
 
 
+def unreadable(pid: int) -> tuple[str, str]:
+    return "other", f"pid {pid}"
+
+
 def cpu_of(pid: int) -> tuple[tuple[int, str], float] | None:
     """((pid, start time): one process, whatever reuses its pid later; its CPU seconds)."""
     try:
@@ -50,6 +57,10 @@ def main(stop: str, out: str) -> None:
     named: dict[tuple[int, str], tuple[str, str]] = {}
     by_test: collections.Counter[str] = collections.Counter()
     by_process: collections.Counter[tuple[str, int, str]] = collections.Counter()
+    for entry in filter(str.isdigit, os.listdir("/proc")):  # what ran before: from now on
+        reading = cpu_of(int(entry))
+        if reading is not None:
+            seen[reading[0]] = reading[1]
     while not os.path.exists(stop):
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -59,10 +70,7 @@ def main(stop: str, out: str) -> None:
                 continue
             key, cpu = reading
             if key not in named:
-                found = describe(key[0])
-                if found is None:
-                    continue
-                named[key] = found
+                named[key] = describe(key[0]) or unreadable(key[0])
             used = cpu - seen.get(key, 0.0)
             seen[key] = cpu
             if used > 0:

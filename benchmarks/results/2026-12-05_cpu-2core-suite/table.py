@@ -41,6 +41,10 @@ def main() -> None:
         out.append(f"- {r['code']}: {r['real_s']:.1f} s (`{r['command']}`)")
         if "compileall_real_s" in r:
             out[-1] += f", then compileall {r['compileall_real_s']:.1f} s"
+        if "machine_cpu_s" in r:
+            out[-1] += f", {r['machine_cpu_s']:.1f} s of the machine's CPU"
+        if "note" in r:
+            out[-1] += f": {r['note']}"
     f = d["test_fast"]
     failed = ", ".join(f["failed"]) or "none"
     out += ["", f"make test-fast at {f['code']}: {f['tests_s']:.1f} s of tests, failed: {failed}."]
