@@ -47,9 +47,9 @@ def pytest_collection_modifyitems(config, items):
     - The first worker's share starts with the tests marked ``alone``: one that came later
       would wait for whatever the other worker was running (a minute for the slowest), and
       that worker would then idle while it ran.
-    - The second worker's share starts with the tests marked ``quiet`` (a hang waited out to
-      its timeout), which hold no lock: that worker runs them while the ``alone`` tests hold
-      the machine, instead of waiting.
+    - The second worker's share starts with the tests marked ``quiet`` (they mostly wait: a
+      hang waited out to its timeout, a loader that fails), which hold no lock: that worker
+      runs them while the ``alone`` tests hold the machine, instead of waiting.
     - The rest keep file order (519 s for the suite with the first rule, against 620 s in
       file order)."""
     both = [
@@ -76,7 +76,7 @@ def _machine_share(request, tmp_path_factory):
     if not hasattr(request.config, "workerinput"):  # not under xdist: nothing runs beside it
         yield
         return
-    if request.node.get_closest_marker("quiet"):  # waits, and measures nothing: beside anything
+    if request.node.get_closest_marker("quiet"):  # mostly waits, little CPU: beside anything
         yield
         return
     root = tmp_path_factory.getbasetemp().parent  # the same folder for every worker
