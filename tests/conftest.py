@@ -172,6 +172,106 @@ def run_torchrun(ranks: int, *args: str, cwd: Path = ROOT, env: dict | None = No
     )
 
 
+@pytest.fixture
+def torchrun_here(tmp_path):
+    """``torchrun --standalone --nproc_per_node=RANKS train.py ARGS`` as :func:`run_torchrun`
+    runs it, its ranks forked from this process (no interpreter and no torch to start: 4 s of
+    CPU a rank): each rank gets the variables torchrun sets (``RANK``, ``LOCAL_RANK``,
+    ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), one intra-op thread
+    (torchrun's ``OMP_NUM_THREADS=1``), and runs train.py as ``@hydra.main`` does. A
+    CompletedProcess: the first failing rank's status, every rank's output in ``stdout``.
+    What only torchrun shows (its own processes, a signal to them), :func:`run_torchrun`."""
+    return functools.partial(_fork_ranks, tmp_path / "ranks")
+
+
+def _fork_ranks(logs: Path, ranks: int, *args: str, cwd: Path = ROOT, env: dict | None = None,
+                timeout: float = 300) -> subprocess.CompletedProcess:  # fmt: skip
+    import time
+
+    logs.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sys.stdout.flush(), sys.stderr.flush()
+    pids = []
+    for rank in range(ranks):
+        pid = os.fork()
+        if pid == 0:  # the rank: never returns into pytest
+            code = 1
+            try:
+                code = _rank_main(logs / f"rank{rank}.log", rank, ranks, port, args, cwd, env)
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    deadline, codes = time.monotonic() + timeout, {}
+    while len(codes) < ranks and time.monotonic() < deadline:
+        for pid in pids:
+            done, status = (0, 0) if pid in codes else os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes[pid] = os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    for pid in pids:
+        if pid not in codes:  # a rank that hangs fails its test, not the suite
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            codes[pid] = -9
+    out = "".join((logs / f"rank{r}.log").read_text() for r in range(ranks))
+    failed = [c for c in codes.values() if c] + [0]
+    return subprocess.CompletedProcess(["torchrun", *args], failed[0], out, "")
+
+
+def _rank_main(log: Path, rank: int, ranks: int, port: int, args, cwd: Path, env) -> int:
+    """One forked rank: its output to ``log``, torchrun's variables, train.py's main; the
+    status it would exit with."""
+    import traceback
+
+    import torch
+    from hydra._internal.hydra import Hydra
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.utils import execution_whitelist
+
+    import feedrate.launch
+    from feedrate.config import TRUSTED_TARGETS
+
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1), os.dup2(fd, 2)
+    sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    os.environ.update(
+        {
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(ranks),
+            "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0",
+        }
+    )  # fmt: skip
+    for key, value in (env or {}).items():
+        if key == "PYTHONPATH":
+            sys.path[:0] = [str(Path(cwd, p)) for p in value.split(os.pathsep)]
+        else:
+            os.environ[key] = value
+    torch.set_num_threads(1)
+    os.chdir(cwd)
+    sys.argv = [str(ROOT / "train.py"), *args]
+    GlobalHydra.instance().clear()
+    try:
+        with execution_whitelist(TRUSTED_TARGETS):  # as train.py's @hydra.main
+            done = Hydra.create_main_hydra_file_or_module(
+                calling_file=str(ROOT / "train.py"), calling_module=None,
+                config_path="conf", job_name="train",
+            ).run(
+                config_name="train", task_function=feedrate.launch.main,
+                overrides=list(args), with_log_configuration=True,
+            )  # fmt: skip
+            done.return_value  # noqa: B018 - raises what the run raised
+        return 0
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.stdout.flush()
+
+
 @functools.lru_cache(maxsize=1)
 def unshare_works() -> bool:
     """Can this host mount a small tmpfs in a private mount namespace (root, ``unshare``)?

@@ -18,7 +18,7 @@ import feedrate
 import feedrate.errors
 from feedrate.tuning import TuningLoader
 
-from .conftest import CONF, run_torchrun
+from .conftest import CONF
 from .counting import recorded
 
 N, BATCH = 960, 8  # 120 steps an epoch
@@ -92,12 +92,12 @@ def test_the_loop_trains_every_sample_once_an_epoch_while_the_loader_switches(
 
 
 @pytest.mark.slow
-def test_two_ranks_switch_at_the_same_step_and_train_every_sample_once(tmp_path):
+def test_two_ranks_switch_at_the_same_step_and_train_every_sample_once(tmp_path, torchrun_here):
     """Under torchrun rank 0 decides and every rank switches at the same step (a rank that
     did not would hang in the next all-reduce); together they train each sample once."""
     epochs = 6
     overrides = _counting("map", "loader=autotune", f"trainer.epochs={epochs}", latency_ms=5)
-    proc = run_torchrun(
+    proc = torchrun_here(
         2,
         *overrides,
         *QUICK,

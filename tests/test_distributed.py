@@ -85,3 +85,11 @@ def test_the_loader_sweep_refuses_a_launcher_that_runs_trials_side_by_side(tmp_p
     assert "hydra.launcher is SlurmLauncher: the loader sweep measures throughput one trial" in out
     assert "srun --exclusive python train.py -m sweep=loader" in out
     assert not (tmp_path / ".submitit").exists()
+
+
+def test_forked_ranks_say_which_rank_failed_and_why(torchrun_here):
+    """The forked ranks the counting tests run under (conftest.torchrun_here) fail as torchrun
+    does: a rank's error ends the job with its status and its output."""
+    proc = torchrun_here(2, "loader.num_wrkers=2")
+    assert proc.returncode != 0
+    assert proc.stdout.count("num_wrkers") >= 2, proc.stdout[-2000:]  # each rank said it

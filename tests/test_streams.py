@@ -21,7 +21,7 @@ from feedrate.errors import DatasetError
 from feedrate.loader import build_loader
 from feedrate.stream import GuardedStream, ShardStream, build_webdataset, check_split_by_worker
 
-from .conftest import run_cli, run_torchrun, shrink
+from .conftest import run_cli, shrink
 
 N_IMAGES = 48
 
@@ -268,9 +268,9 @@ def _numbers(tmp_path: Path, *overrides: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_users_stream_under_torchrun_is_trained_on_once_per_epoch(tmp_path):
+def test_a_users_stream_under_torchrun_is_trained_on_once_per_epoch(tmp_path, torchrun_here):
     overrides = _numbers(tmp_path, "loader.num_workers=4")  # 2 a rank
-    proc = run_torchrun(2, *overrides, cwd=tmp_path, env={"PYTHONPATH": "."})
+    proc = torchrun_here(2, *overrides, cwd=tmp_path, env={"PYTHONPATH": "."})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     seen = collections.Counter(
         int(k) for f in (tmp_path / "seen").iterdir() for k in f.read_text().split()
@@ -281,12 +281,12 @@ def test_a_users_stream_under_torchrun_is_trained_on_once_per_epoch(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_users_stream_resumes_on_each_rank_from_its_own_position(tmp_path):
+def test_a_users_stream_resumes_on_each_rank_from_its_own_position(tmp_path, torchrun_here):
     """Stopped at step 3 (3 full batches of 8 on each of 2 ranks: 48 samples trained), resumed:
     the ranks' workers read the 101 - 48 samples not trained yet, each once."""
     resumable = ("dataset._target_=user_stream.Resumable", "trainer.save_checkpoint=true")
     first = _numbers(tmp_path, "loader.num_workers=4", *resumable, "trainer.max_steps=3")
-    proc = run_torchrun(2, *first, cwd=tmp_path, env={"PYTHONPATH": "."})
+    proc = torchrun_here(2, *first, cwd=tmp_path, env={"PYTHONPATH": "."})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert {p.name for p in (tmp_path / "run" / "checkpoints").iterdir()} >= {
         "last.pt",
@@ -295,7 +295,7 @@ def test_a_users_stream_resumes_on_each_rank_from_its_own_position(tmp_path):
     }
     shutil.rmtree(tmp_path / "seen")
     again = _numbers(tmp_path, "loader.num_workers=4", *resumable, "trainer.resume=true")
-    proc = run_torchrun(2, *again, cwd=tmp_path, env={"PYTHONPATH": "."})
+    proc = torchrun_here(2, *again, cwd=tmp_path, env={"PYTHONPATH": "."})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "the stream goes on from its position at step 3 (epoch 0)" in out
