@@ -175,54 +175,62 @@ def run_torchrun(ranks: int, *args: str, cwd: Path = ROOT, env: dict | None = No
 @pytest.fixture
 def torchrun_here(tmp_path):
     """``torchrun --standalone --nproc_per_node=RANKS train.py ARGS`` as :func:`run_torchrun`
-    runs it, its ranks forked from this process (no interpreter and no torch to start: 4 s of
-    CPU a rank): each rank gets the variables torchrun sets (``RANK``, ``LOCAL_RANK``,
-    ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), one intra-op thread
-    (torchrun's ``OMP_NUM_THREADS=1``), and runs train.py as ``@hydra.main`` does. A
-    CompletedProcess: the first failing rank's status, every rank's output in ``stdout``.
-    What only torchrun shows (its own processes, a signal to them), :func:`run_torchrun`."""
+    runs it, its ranks forked from the fork server a sweep's warm hosts come from (torch,
+    Hydra and feedrate imported: no 4 s of CPU a rank to start). Each rank gets the variables
+    torchrun sets (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``), one intra-op thread (torchrun's ``OMP_NUM_THREADS=1``),
+    and runs train.py as ``@hydra.main`` does. Not forked from the test's own process: one
+    that has run OpenMP regions hangs its children in their first op. A CompletedProcess: the
+    first failing rank's status, every rank's output in ``stdout``. What only torchrun shows
+    (its own processes, a signal to them), :func:`run_torchrun`."""
     return functools.partial(_fork_ranks, tmp_path / "ranks")
 
 
 def _fork_ranks(logs: Path, ranks: int, *args: str, cwd: Path = ROOT, env: dict | None = None,
                 timeout: float = 300) -> subprocess.CompletedProcess:  # fmt: skip
+    import multiprocessing
     import time
+
+    from feedrate.sweep import host
 
     logs.mkdir(parents=True, exist_ok=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    sys.stdout.flush(), sys.stderr.flush()
-    pids = []
-    for rank in range(ranks):
-        pid = os.fork()
-        if pid == 0:  # the rank: never returns into pytest
-            code = 1
-            try:
-                code = _rank_main(logs / f"rank{rank}.log", rank, ranks, port, args, cwd, env)
-            finally:
-                os._exit(code)
-        pids.append(pid)
-    deadline, codes = time.monotonic() + timeout, {}
-    while len(codes) < ranks and time.monotonic() < deadline:
-        for pid in pids:
-            done, status = (0, 0) if pid in codes else os.waitpid(pid, os.WNOHANG)
-            if done:
-                codes[pid] = os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    for pid in pids:
-        if pid not in codes:  # a rank that hangs fails its test, not the suite
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            codes[pid] = -9
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(host.PRELOAD)  # the sweep's server, if it runs already
+    procs = [
+        ctx.Process(
+            target=_rank_main, args=(logs / f"rank{r}.log", r, ranks, port, args, cwd, env)
+        )  # fmt: skip
+        for r in range(ranks)
+    ]
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + timeout
+    for proc in procs:  # a rank that hangs fails its test, not the suite
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
     out = "".join((logs / f"rank{r}.log").read_text() for r in range(ranks))
-    failed = [c for c in codes.values() if c] + [0]
+    failed = [p.exitcode for p in procs if p.exitcode] + [0]
     return subprocess.CompletedProcess(["torchrun", *args], failed[0], out, "")
 
 
-def _rank_main(log: Path, rank: int, ranks: int, port: int, args, cwd: Path, env) -> int:
-    """One forked rank: its output to ``log``, torchrun's variables, train.py's main; the
-    status it would exit with."""
+def _rank_main(log: Path, rank: int, ranks: int, port: int, args, cwd: Path, env) -> None:
+    """One forked rank: its output to ``log``, torchrun's variables, train.py's main; it exits
+    with the status train.py would."""
+    code = 1
+    try:
+        code = _run_rank(log, rank, ranks, port, args, cwd, env)
+    finally:
+        os._exit(code)
+
+
+def _run_rank(log: Path, rank: int, ranks: int, port: int, args, cwd: Path, env) -> int:
+    import multiprocessing
     import traceback
 
     import torch
@@ -249,6 +257,9 @@ def _rank_main(log: Path, rank: int, ranks: int, port: int, args, cwd: Path, env
         else:
             os.environ[key] = value
     torch.set_num_threads(1)
+    # a torchrun rank's default start method (Linux's): a child of the fork server would
+    # start its workers through a fork server of its own, each importing torch
+    multiprocessing.set_start_method("fork", force=True)
     os.chdir(cwd)
     sys.argv = [str(ROOT / "train.py"), *args]
     GlobalHydra.instance().clear()
