@@ -147,6 +147,48 @@ def test_a_target_is_met_only_when_the_whole_interval_clears_it():
     assert stats.against(None, 0.9) == stats.NO_FIGURE
 
 
+def test_one_rule_a_low_end_short_of_the_target_misses_it():
+    """0.92x [0.89, 0.96] against a target of 0.9: the point ratio clears it, the low end
+    does not, so the target is not shown (the rule of every bench, the sweep and autotune)."""
+    ratio = {"ratio": 0.92, "low": 0.89, "high": 0.96, "rounds": [3, 3]}
+    assert stats.against(ratio, 0.9) == stats.NOT_SHOWN
+    assert stats.against({**ratio, "low": 0.90}, 0.9) == stats.MET
+
+
+def test_one_rule_equal_means_the_whole_interval_inside_the_margin():
+    """Equal within 5% needs both ends inside [0.95, 1.05]: a low end at 0.97 with a high
+    end at 1.19 may be 19% faster, and is no equal."""
+    one_sided = {"ratio": 1.00, "low": 0.97, "high": 1.19, "rounds": [5, 5]}
+    assert not stats.equal_within(one_sided, 0.05)
+    assert stats.equal_within({**one_sided, "high": 1.04}, 0.05)
+    assert not stats.equal_within({**one_sided, "high": 1.04, "rounds": [2, 2]}, 0.05)
+    # the decision's "equal to the fastest", and so its "settled", by the same rule
+    from feedrate.tuning import decide as decision
+
+    assert not decision._equal(stats.Comparison(1.0, 0.97, 1.19, (5, 5)), 0.05, None)
+    assert decision._equal(stats.Comparison(1.0, 0.97, 1.04, (5, 5)), 0.05, None)
+
+
+def test_one_rule_the_correction_counts_every_contestant_that_entered_and_every_look():
+    """A contestant dropped after round 3 still counts in the correction: k is 4, not the 3
+    still measured, or the intervals would narrow as contestants drop. So does every look at
+    the rounds: a stop after round 3 or 4 of 5 is three looks."""
+    values = [[2100, 2150, 2120, 2130, 2110], [2000, 2050, 2040, 2020, 2030]]
+    cs = [_contestant(f"trial {i}", v, False, workers=4 * (i + 1)) for i, v in enumerate(values)]
+    cs += [_contestant("recipe", [1500, 1510, 1490], True), _contestant("default", [90] * 3, True)]
+    cs[3].dropped = "clearly slower: not measured further"
+    d = decide(cs)
+    assert d.versus_fastest["trial 1"].confidence == stats.simultaneous(4) == 1 - 0.05 / 6
+    assert decide(cs, looks=3).versus_fastest["trial 1"].confidence == 1 - 0.05 / 18
+    assert stats.looks(5) == 3 and stats.looks(3) == 1 and stats.looks(1) == 1
+    with_3 = decide(cs[:3]).versus_fastest["trial 1"]
+    assert with_3.confidence < d.versus_fastest["trial 1"].confidence
+    assert (
+        with_3.high - with_3.low
+        < d.versus_fastest["trial 1"].high - d.versus_fastest["trial 1"].low
+    )
+
+
 def test_a_faster_baseline_is_never_replaced():
     base = _contestant("recipe", [400, 410, 405, 402, 408], True)
     cand = _contestant("trial 1", [300, 310, 305, 302, 308], False, workers=2)
@@ -222,18 +264,25 @@ def test_a_clearly_slower_contestant_stops_early_and_loses():
 
 def test_a_contestant_shown_slower_after_three_rounds_is_not_measured_further():
     """Photos on 2 cores: recipe at 0.83 of the finalists every round, the two finalists
-    within 1% of each other. Rounds 4 and 5 are for the finalists alone."""
+    within 1% of each other. Looked at once, three rounds show recipe slower; the finals look
+    three times (after rounds 3, 4 and 5), and the correction for it needs more rounds."""
     recipe = _contestant("recipe", [580, 574, 554], True, workers=4)
     wide = _contestant("trial 6", [688, 688, 696], False, workers=46)
     narrow = _contestant("trial 3", [683, 694, 702], False, workers=7)
     two_rounds = [_contestant(c.name, c.values[:2], c.is_baseline) for c in (recipe, wide)]
     assert drop_shown_slower(two_rounds, 0.03) == [], "fewer than 3 rounds show nothing"
-    assert drop_shown_slower([recipe, wide, narrow], 0.03) == [recipe]
-    assert "significantly slower than" in recipe.dropped and not wide.dropped
-    assert settled([recipe, wide, narrow], 0.03), "the finalists: within 3% of each other"
-    d = decide([recipe, wide, narrow])
-    assert d.winner is narrow and recipe in d.contestants and d.why_slower["recipe"]
-    assert d.versus_fastest["recipe"].rounds == (3, 3), "its three rounds still count"
+    assert drop_shown_slower([recipe, wide, narrow], 0.03, looks=3) == []
+    assert not settled([recipe, wide, narrow], 0.03, looks=3)
+    for c, more in ((recipe, [570, 565]), (wide, [690, 692]), (narrow, [689, 693])):
+        c.results += [TrialResult([], "ok", value=v, metrics=c.results[0].metrics) for v in more]
+    assert settled([recipe, wide, narrow], 0.03, looks=3), "5 rounds: within 3% of each other"
+    d = decide([recipe, wide, narrow], margin=0.03, looks=3)
+    assert d.winner is narrow and d.why_slower["recipe"]
+    assert d.versus_fastest["recipe"].rounds == (5, 5)
+    # looked at once, after three rounds, recipe is shown slower and measured no further
+    three = [_contestant(c.name, c.values[:3], c.is_baseline) for c in (recipe, wide, narrow)]
+    assert drop_shown_slower(three, 0.03) == [three[0]]
+    assert "significantly slower than" in three[0].dropped and not three[1].dropped
 
 
 def test_a_contestant_within_the_margin_of_the_fastest_is_not_dropped():

@@ -7,8 +7,17 @@ disturbed one round (a neighbour, the page cache) disturbed both. The per-round 
 carry the evidence; their mean gives the ratio (a geometric mean of the rounds' ratios) and a
 Student t interval (docs/design.md, "When one configuration is faster than another"). A win or
 a loss needs at least ``MIN_ROUNDS`` paired rounds and an interval that excludes 1.0; anything
-else is a tie. When several contestants are compared at once the caller widens the interval
-(``confidence``): see :func:`feedrate.tuning.decide.decide`.
+else is a tie. When several contestants are compared at once, or the rounds are looked at
+more than once (a stop after round 3 or 4), the caller widens the interval: see
+:func:`simultaneous`.
+
+One rule for every verdict, in the sweep, autotune and the benches:
+
+- a win or a loss: the interval excludes 1.0 (:attr:`Comparison.verdict`);
+- a target met: the interval's low end reaches it (:func:`against`);
+- equal within x: the whole interval lies inside [1 - x, 1 + x] (:meth:`Comparison.within`,
+  :func:`equal_within`);
+- otherwise a tie, or "not shown".
 """
 
 from __future__ import annotations
@@ -61,7 +70,7 @@ class Comparison:
 
     def within(self, margin: float) -> bool:
         """The whole interval lies within ``margin`` of 1: equal for practical purposes."""
-        return min(self.rounds) >= MIN_ROUNDS and self.low >= 1 - margin and self.high <= 1 + margin
+        return equal_within(self.as_dict(), margin)
 
     def as_dict(self) -> dict:
         return {
@@ -73,6 +82,37 @@ class Comparison:
             "confidence": self.confidence,
             "verdict": self.verdict,
         }
+
+
+def simultaneous(contestants: int, looks: int = 1) -> float:
+    """The confidence of each comparison such that every comparison between two of
+    ``contestants``, at every one of ``looks`` at the rounds, holds together at 95%
+    (Bonferroni: a union bound, valid whenever the rounds are looked at, and so under optional
+    stopping). ``contestants`` counts every one that entered, dropped ones too: counting only
+    those still measured would loosen the correction as they drop. Without it, "slower than
+    the fastest" is tested against the very runs that made it the fastest, k - 1 times at 5%
+    each, and calls one of four equal contestants slower 15% of the time
+    (tests/test_sweep.py)."""
+    pairs = max(1, contestants * (contestants - 1) // 2)
+    return 1 - (1 - CONFIDENCE) / (pairs * max(1, looks))
+
+
+def looks(rounds: int) -> int:
+    """How many times up to ``rounds`` paired rounds are looked at when each from the
+    ``MIN_ROUNDS``-th on may stop them (a contestant dropped, the finals settled): 3 for 5."""
+    return max(1, rounds - MIN_ROUNDS + 1)
+
+
+def equal_within(ratio: Mapping | None, margin: float) -> bool:
+    """A ratio (a :meth:`Comparison.as_dict`) equal to 1 within ``margin``: the whole interval
+    inside [1 - margin, 1 + margin], over ``MIN_ROUNDS`` rounds or more. A low end above
+    1 - margin alone is not equal: 1.00x [0.96, 1.30] may be 30% faster."""
+    return (
+        ratio is not None
+        and min(ratio["rounds"]) >= MIN_ROUNDS
+        and ratio["low"] >= 1 - margin
+        and ratio["high"] <= 1 + margin
+    )
 
 
 def against(ratio: Mapping | None, target: float) -> str:

@@ -284,7 +284,8 @@ class LoaderSweep(Callback):
         contestants = self._remeasure(config, contestants, sweep_dir / "final")
         phases.done("final")
         budget = memory_budget(config)
-        decision = decide(contestants, budget, config.sweep.equivalence)
+        looks = stats.looks(config.sweep.final_rounds)
+        decision = decide(contestants, budget, config.sweep.equivalence, looks=looks)
         log.info("decision: %s", decision.reason)
         write_decision(sweep_dir, decision)  # kept if the gap's run is interrupted
         from feedrate.sweep.host import POOL, runner_for
@@ -366,6 +367,9 @@ class LoaderSweep(Callback):
         runners = {c.name: runner_for(config, _slug(c)) for c in contestants}
         for runner in runners.values():  # forked together, before the first round
             getattr(runner, "start", lambda: None)()
+        # the rounds are looked at after each from the MIN_ROUNDS-th on (a drop, a stop): the
+        # intervals are corrected for every look (feedrate.stats.simultaneous)
+        looks = stats.looks(rounds)
         bar = tqdm(total=rounds * len(contestants), desc="final re-measurement", unit="run")
         for r in range(rounds):
             # Alternate, and reverse every other round, so drift hits everyone alike.
@@ -388,10 +392,10 @@ class LoaderSweep(Callback):
                 for c in drop_clearly_slower(contestants):
                     bar.write(f"{c.label}: {c.dropped}")
                     bar.total -= rounds - 2
-            for c in drop_shown_slower(contestants, config.sweep.equivalence):
+            for c in drop_shown_slower(contestants, config.sweep.equivalence, looks):
                 bar.write(f"{c.label}: {c.dropped}")
                 bar.total -= rounds - r - 1
-            if r + 1 < rounds and settled(contestants, config.sweep.equivalence):
+            if r + 1 < rounds and settled(contestants, config.sweep.equivalence, looks):
                 bar.write(
                     f"settled after {r + 1} rounds: every contestant is significantly slower"
                     f" than another or within {config.sweep.equivalence:.0%} of the fastest"

@@ -144,14 +144,6 @@ def cheapest(contestants: list[Measured]) -> Measured:
     return min(near, key=lambda c: (cost[c.name][1], cost[c.name][0], -c.median))
 
 
-def simultaneous(k: int) -> float:
-    """The confidence of each comparison between two of ``k`` contestants such that all
-    k(k-1)/2 of them hold together at 95% (Bonferroni). Without it, "slower than the fastest"
-    is tested against the very runs that made it the fastest, k - 1 times at 5% each, and calls
-    one of four equal contestants slower 15% of the time (tests/test_sweep.py)."""
-    return 1 - (1 - stats.CONFIDENCE) / max(1, k * (k - 1) // 2)
-
-
 def slower_than_another(c: Measured, others: list[Measured], confidence: float) -> str:
     """Why ``c`` is significantly slower than one of ``others`` (paired rounds), or empty.
     Every other contestant is a reference, not only the fastest by median: the fastest is
@@ -166,13 +158,13 @@ def slower_than_another(c: Measured, others: list[Measured], confidence: float) 
 
 
 def within_margin(c: Measured, fastest: Measured, confidence: float, margin: float) -> bool:
-    """The whole interval of ``c`` against ``fastest`` lies above 1 - ``margin``: equal for
-    practical purposes, whatever a significance test says."""
+    """The whole interval of ``c`` against ``fastest`` lies within ``margin`` of 1 (both
+    ends): equal for practical purposes, whatever a significance test says."""
     versus = stats.compare(c.per_round(), fastest.per_round(), confidence)
-    return versus is not None and versus.low >= 1 - margin
+    return versus is not None and versus.within(margin)
 
 
-def drop_shown_slower(contestants: list[Measured], margin: float) -> list[Measured]:
+def drop_shown_slower(contestants: list[Measured], margin: float, looks: int = 1) -> list[Measured]:
     """After the minimum rounds, mark the contestants already shown slower than another, as
     :func:`decide` would show them (simultaneous intervals, outside ``margin`` of the fastest),
     so later rounds spend no time on them: more rounds only narrow their intervals. Their
@@ -181,7 +173,7 @@ def drop_shown_slower(contestants: list[Measured], margin: float) -> list[Measur
     if len(live) < 2 or min(len(c.per_round()) for c in live) < stats.MIN_ROUNDS:
         return []
     fastest = stats.fastest(live, _per_round)
-    confidence = simultaneous(len(live))
+    confidence = stats.simultaneous(len(contestants), looks)
     out = []
     for c in live:
         why = slower_than_another(c, live, confidence) if c is not fastest else ""
@@ -192,17 +184,18 @@ def drop_shown_slower(contestants: list[Measured], margin: float) -> list[Measur
     return [c for c, _ in out]
 
 
-def settled(contestants: list[Measured], margin: float) -> bool:
+def settled(contestants: list[Measured], margin: float, looks: int = 1) -> bool:
     """More rounds cannot change the decision by more than ``margin``: every contestant still
     measured is significantly slower than another, or within ``margin`` of the fastest (the
-    whole simultaneous interval of its ratio above 1 - margin)."""
+    whole simultaneous interval of its ratio inside [1 - margin, 1 + margin]). ``looks``: how
+    many times the rounds are looked at in all (:func:`feedrate.stats.simultaneous`)."""
     live = [c for c in contestants if c.values and not c.failures and not c.dropped]
     if len(live) < 2:
         return True
     if min(len(c.per_round()) for c in live) < stats.MIN_ROUNDS:
         return False
     fastest = stats.fastest(live, _per_round)
-    confidence = simultaneous(len(live))
+    confidence = stats.simultaneous(len(contestants), looks)
     for c in live:
         if c is fastest or slower_than_another(c, live, confidence):
             continue
@@ -224,11 +217,14 @@ def decide(
     margin: float = EQUIVALENCE,
     incumbent: str | None = None,
     gain: float = GAIN,
+    looks: int = 1,
 ) -> Decision:
     """The fastest, or a cheaper contestant shown equal to it, or the ``incumbent`` (a name).
 
-    Equal: the whole interval of its ratio to the fastest lies above 1 - ``margin``
-    (simultaneous 95% intervals over the paired rounds). That is a claim the rounds must
+    Equal: the whole interval of its ratio to the fastest lies inside [1 - ``margin``,
+    1 + ``margin``] (simultaneous 95% intervals over the paired rounds, corrected for every
+    contestant in ``contestants``, dropped ones too, and for the ``looks`` at the rounds that
+    the finals took: :func:`feedrate.stats.simultaneous`). That is a claim the rounds must
     show, not the absence of one: a cheaper contestant merely not shown slower (0.93x
     [0.86, 1.01] over 5 rounds of 16 against 26 workers a rank) may be 14% slower, and is
     not taken. A consistent 1% is significant over paired rounds and still equal: no reason
@@ -256,7 +252,7 @@ def decide(
     live = [c for c in eligible if not c.dropped]
     fastest = stats.fastest(live or eligible, _per_round)  # by the paired rounds
     by_median = max(eligible, key=lambda c: c.median)
-    confidence = simultaneous(len(live))
+    confidence = stats.simultaneous(len(contestants), looks)
     versus = {
         c.name: stats.compare(c.per_round(), fastest.per_round(), confidence) for c in eligible
     }
@@ -291,15 +287,15 @@ def decide(
 
 
 def _equal(versus: stats.Comparison | None, margin: float, gain: float | None) -> bool:
-    """Within ``margin`` of the fastest: the interval's low end above 1 - ``margin``, over
-    :data:`feedrate.stats.MIN_ROUNDS` paired rounds or more. On fewer, no contestant is shown
-    equal but the incumbent (``gain`` given), while the fastest measured less than ``gain``
-    faster than it."""
+    """Within ``margin`` of the fastest: the whole interval inside [1 - ``margin``,
+    1 + ``margin``], over :data:`feedrate.stats.MIN_ROUNDS` paired rounds or more. On fewer,
+    no contestant is shown equal but the incumbent (``gain`` given), while the fastest
+    measured less than ``gain`` faster than it."""
     if versus is None:
         return False
     if min(versus.rounds) < stats.MIN_ROUNDS:  # no claim of equal, but the incumbent's
         return gain is not None and versus.ratio * (1 + gain) > 1
-    return versus.low >= 1 - margin
+    return versus.within(margin)
 
 
 def _held(held: Measured, eligible: list, versus: dict, margin: float, gain: float) -> str:

@@ -1,0 +1,96 @@
+"""benchmarks/results stays small and readable: each folder keeps what a reader opens (README,
+command, results.json, tables, plots) and one archive of its raw runs; every link into it from
+the README and docs/ resolves."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import pack_results  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+MAX_TREE = 600  # files under benchmarks/results, all folders together
+
+
+def _tracked() -> list[str]:
+    """The files under benchmarks/results as a clone has them (git's list: a bench writing a
+    folder right now is not yet part of the tree), else as the disk has them."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "benchmarks/results"],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return [str(p.relative_to(ROOT)) for p in RESULTS.rglob("*") if p.is_file()]
+    return out.split()
+
+
+def test_each_result_folder_keeps_what_a_reader_opens_and_one_archive():
+    by_folder: dict[str, list[str]] = {}
+    for path in _tracked():
+        parts = path.split("/")
+        assert len(parts) == 4, f"{path}: a subfolder; python benchmarks/pack_results.py it"
+        by_folder.setdefault(parts[2], []).append(parts[3])
+    assert by_folder, "no result folder found"
+    for folder, names in by_folder.items():
+        loose = [n for n in names if not pack_results.kept(n)]
+        assert not loose, f"{folder}: {loose} belong in its raw.tar.gz (pack_results.py)"
+        assert len(names) <= pack_results.MAX_FILES, f"{folder}: {len(names)} files"
+
+
+def test_the_results_tree_stays_under_600_files():
+    assert len(_tracked()) < MAX_TREE
+
+
+def test_every_link_into_the_results_resolves():
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    links = [
+        (doc.name, m.group(1))
+        for doc in docs
+        for m in re.finditer(r"(benchmarks/results/[\w.\-/]+[\w/])", doc.read_text())
+    ]
+    assert links
+    broken = [(doc, link) for doc, link in links if not (ROOT / link).exists()]
+    assert not broken, broken
+
+
+def test_packing_moves_the_raw_runs_into_one_archive_and_loses_nothing(tmp_path):
+    import tarfile
+
+    folder = tmp_path / "2026-01-01_cpu-2core-x"
+    (folder / "run0" / ".hydra").mkdir(parents=True)
+    (folder / "run0" / ".hydra" / "config.yaml").write_text("a: 1\n")
+    (folder / "run0" / "metrics.json").write_text("{}")
+    (folder / "bench.log").write_text("log\n")
+    for kept in ("README.md", "command.txt", "results.json", "table.md", "plot.png"):
+        (folder / kept).write_text(kept)
+    assert pack_results.pack(folder) == 2
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["README.md", "command.txt", "results.json", "table.md", "plot.png", "raw.tar.gz"]
+    )
+    (folder / "later.log").write_text("more\n")  # packed again: still one archive, both in
+    assert pack_results.pack(folder) == 1
+    with tarfile.open(folder / "raw.tar.gz") as archive:
+        names = set(archive.getnames())
+        assert {"run0/.hydra/config.yaml", "run0/metrics.json", "bench.log", "later.log"} <= names
+        assert archive.extractfile("run0/.hydra/config.yaml").read() == b"a: 1\n"
+    assert pack_results.pack(folder) == 0
+
+
+def test_an_archive_that_cannot_be_read_leaves_every_file(tmp_path):
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "raw.tar.gz").write_bytes(b"not a tar file")
+    (folder / "bench.log").write_text("log\n")
+    with pytest.raises(Exception):  # noqa: B017 - tarfile's own error, whichever it is
+        pack_results.pack(folder)
+    assert (folder / "bench.log").read_text() == "log\n"
+    assert (folder / "raw.tar.gz").read_bytes() == b"not a tar file"
+    assert sorted(p.name for p in folder.iterdir()) == ["bench.log", "raw.tar.gz"]
