@@ -204,19 +204,19 @@ def projected(lost_s: list[float], seconds: float, minutes: float = 5.0) -> str:
 def mark(passed: bool | str | None) -> str:
     """A target's outcome in the table: by the interval (:func:`feedrate.stats.against`) for
     a ratio, else met or not; None where its contestant did not run."""
-    said = {stats.MET: "PASS", stats.MISSED: "MISS", stats.NOT_SHOWN: "NOT SHOWN"}
+    said = {stats.MET: "met", stats.MISSED: "missed", stats.NOT_SHOWN: "not shown"}
     if isinstance(passed, str):
         return said.get(passed, passed)
-    return "not run" if passed is None else "PASS" if passed else "MISS"
+    return "not run" if passed is None else "met" if passed else "missed"
 
 
 def table(results: dict, seconds: float, recipe_target: float = 1.0) -> str:
     lines = [
         f"Runs of {seconds:.0f} s of training each (trainer.max_seconds), fresh processes;"
         " samples/s of the whole run (tuning included), median of the rounds; ratios are"
-        " geometric means of the paired rounds with 95% intervals. A target on a ratio PASSes"
-        " when the interval's low end reaches it, is a MISS when its high end is below it, and"
-        " is NOT SHOWN either way between.",
+        " geometric means of the paired rounds with 95% intervals. A target on a ratio is met"
+        " when the interval's low end reaches it, missed when its high end is below it, and"
+        " not shown either way between (docs/benchmarks.md, one rule for every verdict).",
         "",
         "| workload | autotune | tuned preset | recipe | autotune / tuned (>= 0.9) |"
         f" autotune / recipe (>= {recipe_target:g}) | tuned / recipe | tuning s (<= 60) |"

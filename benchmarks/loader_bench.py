@@ -535,10 +535,10 @@ def _passes(target, ratio: dict) -> bool:
 
 def _outcome(target, ratio: dict) -> str:
     if _passes(target, ratio):
-        return "PASS"
+        return "met"
     if target != NOT_WORSE and ratio["high"] >= target:
-        return "NOT SHOWN (the interval reaches below the target)"
-    return "MISS"
+        return "not shown (the interval reaches below the target)"
+    return "missed"
 
 
 def show(workload: str, res: dict) -> list[tuple[str, float, object, bool]]:
@@ -605,7 +605,8 @@ def show(workload: str, res: dict) -> list[tuple[str, float, object, bool]]:
         if res.get("bound") == "compute-bound":
             ok = wait <= limit
             print(
-                f"  tuned data wait = {wait:.1%} (target <= {limit:.0%}) {'PASS' if ok else 'MISS'}"
+                f"  tuned data wait = {wait:.1%} (target <= {limit:.0%})"
+                f" {'met' if ok else 'missed'}"
             )
             checks.append((f"{workload} tuned data wait", wait, f"<= {limit}", ok))
         else:
@@ -752,7 +753,7 @@ def show_fidelity(workload: str, rows: list[dict], seconds: float) -> list[tuple
             f"    trial {r['trial']:>3}{' (finalist)' if r['finalist'] else '':<11}"
             f" {r['num_workers']:>3} workers, prefetch {r['prefetch_factor']}:"
             f" {r['trial_value']:>8,.1f} vs {r['steady_value'] or 0:>8,.1f} = {ratio}"
-            f" {'PASS' if ok else 'MISS'}"
+            f" {'met' if ok else 'missed'}"
         )
         checks.append((f"{workload} trial {r['trial']} fidelity", r["ratio"], "within 10%", ok))
     return checks
@@ -985,7 +986,7 @@ def main() -> int:
             ok = s <= SWEEP_SECONDS_TARGET
             print(
                 f"  sweep wall time = {_sweep_time(sweep_seconds[workload])}"
-                f" (target <= {SWEEP_SECONDS_TARGET:.0f} s) {'PASS' if ok else 'MISS'}"
+                f" (target <= {SWEEP_SECONDS_TARGET:.0f} s) {'met' if ok else 'missed'}"
             )
             checks.append((f"{workload} sweep seconds", s, f"<= {SWEEP_SECONDS_TARGET}", ok))
 

@@ -177,9 +177,9 @@ def same_settings(rows: list[dict], a: str, b: str) -> bool:
 
 
 def outcome(ratio: dict | None) -> str:
-    """The target on the interval, as loader_bench checks its own: MET when its low end is at
-    or above it, MISS when its high end is below, else not shown either way."""
-    said = {stats.MET: "MET", stats.MISSED: "MISS", stats.NO_FIGURE: "no figure"}
+    """The target on the interval, as loader_bench checks its own: met when its low end is at
+    or above it, missed when its high end is below, else not shown either way."""
+    said = {stats.MET: "met", stats.MISSED: "missed", stats.NO_FIGURE: "no figure"}
     return said.get(stats.against(ratio, TARGET), f"not shown (the interval spans {TARGET})")
 
 

@@ -54,7 +54,7 @@ def table(rows: list[dict], steady: float) -> str:
     for r in rows:
         phases = ", ".join(f"{k} {v:.0f}" for k, v in r["seconds"].items() if k != "total")
         target = TARGET_S.get(r["workload"], DEFAULT_TARGET_S)
-        ok = "PASS" if r["seconds"]["total"] <= target else "MISS"
+        ok = "met" if r["seconds"]["total"] <= target else "missed"
         loader = r["decision"]["loader"]
         picked = f"{loader.get('num_workers')} x {loader.get('prefetch_factor') or 2}"
         lines.append(
@@ -74,7 +74,12 @@ def table(rows: list[dict], steady: float) -> str:
             verdict = (
                 "cut short (below half the best)"
                 if f.get("abandoned")
-                else ("PASS" if ratio is not None and abs(ratio - 1) <= FIDELITY else "MISS")
+                # one run each: a point ratio, no interval, so no claim of equal
+                else (
+                    f"within {FIDELITY:.0%}, one run each: no claim"
+                    if ratio is not None and abs(ratio - 1) <= FIDELITY
+                    else f"outside {FIDELITY:.0%}, one run each"
+                )
             )
             shown = f"{ratio:.2f} {verdict}" if ratio is not None else "failed"
             lines.append(
@@ -83,6 +88,18 @@ def table(rows: list[dict], steady: float) -> str:
                 f" {f['steady_value'] or 0:,.0f} | {shown} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def summarise(out: Path, steady: float) -> int:
+    """OUT's table.md again from its results.json (the verdicts by today's words)."""
+    report = json.loads((out / "results.json").read_text())
+    old = (out / "table.md").read_text().splitlines() if (out / "table.md").exists() else []
+    machine = report.get("machine", {}).get("cpu_model", "?")
+    header = old[0] if old else f"`{report.get('command', '?')}` ({machine})"  # as first written
+    text = table(report["rows"], steady)
+    (out / "table.md").write_text(f"{header}\n\n{text}")
+    print(text)
+    return 0
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -120,7 +137,12 @@ def main() -> int:
     parser.add_argument("--steady-seconds", type=float, default=20.0)
     parser.add_argument("--fresh", action="store_true", help="trials as fresh processes")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--summarise", type=Path, default=None, metavar="OUT", help="only redo OUT's table.md"
+    )
     args = parser.parse_args()
+    if args.summarise:
+        return summarise(args.summarise, args.steady_seconds)
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workloads {unknown}; choose from {sorted(WORKLOADS)}")

@@ -127,10 +127,10 @@ def test_a_benchmark_cut_short_is_summarised_with_intervals_and_the_shared_core_
     paired = [t / r for t, r in zip(tuned, [350, 352, 349, 351, 353], strict=True)]
     assert recipe["ratio"] == pytest.approx(math.exp(statistics.mean(map(math.log, paired))))
     assert recipe["verdict"] == "win" and recipe["rounds"] == [5, 5], "round 5 failed: unpaired"
-    assert recipe["low"] > 1.0 and "(target >= 5.0) MISS" not in proc.stdout, "no target here"
+    assert recipe["low"] > 1.0 and "(target >= 5.0) missed" not in proc.stdout, "no target here"
     grid = summary["ratios"]["tuned/best_grid"]
     assert grid["low"] < 1.0 < grid["high"] and grid["verdict"] == "tie"
-    assert "tie within noise (target >= 0.9) PASS" in proc.stdout
+    assert "tie within noise (target >= 0.9) met" in proc.stdout
     photos = json.loads((tmp_path / "summary.json").read_text())["photos"]
     assert photos["ceiling"] is None and photos["ratios"]["tuned/ceiling"] is None
     assert photos["ratios"]["tuned/recipe"]["ratio"] == pytest.approx(1.25)

@@ -94,3 +94,33 @@ def test_an_archive_that_cannot_be_read_leaves_every_file(tmp_path):
     assert (folder / "bench.log").read_text() == "log\n"
     assert (folder / "raw.tar.gz").read_bytes() == b"not a tar file"
     assert sorted(p.name for p in folder.iterdir()) == ["bench.log", "raw.tar.gz"]
+
+
+def test_no_table_in_the_results_says_pass():
+    """Every table.md and tables.md under the one rule: met, missed or not shown, never a
+    PASS that may have read a point ratio."""
+    tables = [*RESULTS.glob("*/table.md"), *RESULTS.glob("*/tables.md")]
+    assert tables
+    said = [t.parent.name for t in tables if re.search(r"\bPASS\b", t.read_text())]
+    assert not said, said
+
+
+def test_an_old_table_row_is_judged_again_by_the_interval():
+    import rejudge_tables
+
+    text = (
+        "| synthetic | tuned/best_grid | 1.00x [0.77, 1.19] tie within noise | >= 0.9 PASS |\n"
+        "| synthetic_loader | tuned/recipe | 6.52x [5.81, 7.03] win | >= 5.0 PASS |\n"
+        "| gpu | tuned/recipe | 1.41x [1.41, 1.41] no claim (1 runs, 5 needed) | >= 1.3 PASS |\n"
+        "| photos | tuned/recipe | 0.90x [0.85, 0.95] loss | not significantly worse PASS |\n"
+        "| x | tuned/ceiling | 0.55x [0.50, 0.60] loss | >= 0.9 MISS |\n"
+    )
+    out, n = rejudge_tables.rejudge(text)
+    assert n == 5
+    assert [line.rsplit("|", 2)[-2].strip() for line in out.splitlines()] == [
+        ">= 0.9 not shown",
+        ">= 5.0 met",
+        ">= 1.3 not shown",
+        "not significantly worse missed",
+        ">= 0.9 missed",
+    ]
