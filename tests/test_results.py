@@ -124,3 +124,29 @@ def test_an_old_table_row_is_judged_again_by_the_interval():
         "not significantly worse missed",
         ">= 0.9 missed",
     ]
+
+
+def test_the_generated_tables_match_the_results_they_cite():
+    """Every table in the README and docs/benchmarks.md between ``<!-- generated -->`` marks
+    is what benchmarks/doc_tables.py writes from the results.json it cites, stale marks
+    included (src/ or conf/ changed after the result's commit)."""
+    import doc_tables
+
+    assert doc_tables.main([]) == 0, "python benchmarks/doc_tables.py --write"
+
+
+def test_a_table_typed_over_or_gone_stale_is_caught(tmp_path, monkeypatch):
+    import doc_tables
+
+    doc = tmp_path / "README.md"
+    monkeypatch.setattr(doc_tables, "DOCS", [doc])
+    doc.write_text(
+        "x\n<!-- generated: readme-results -->\n| typed | by hand |\n<!-- /generated -->\n"
+    )
+    assert doc_tables.main([]) == 1
+    assert doc_tables.main(["--write"]) == 0 and doc_tables.main([]) == 0
+    assert "| typed | by hand |" not in doc.read_text()
+    assert "2026-11-30_cpu-2core-d" in doc.read_text()
+    # the result's commit against a HEAD whose src/ differs from it: stale, and said
+    assert "stale since" in doc_tables.staleness(doc_tables.provenance("2026-11-30_cpu-2core-d")[0])
+    assert doc_tables.staleness("0" * 40).startswith("; its commit 0000000 is not in this clone")

@@ -1,0 +1,224 @@
+"""The results tables in the README and docs/benchmarks.md, written from the results they cite.
+
+    python benchmarks/doc_tables.py --write   # write every generated block from its results
+    python benchmarks/doc_tables.py           # check: exit 1, naming each block that differs
+
+A generated block sits between ``<!-- generated: NAME -->`` and ``<!-- /generated -->`` in a
+Markdown file; :data:`TABLES` says how each is written. Every block cites its folders under
+``benchmarks/results/``, with the machine and the commit each was measured at, and says
+"stale since <commit>" where ``src/`` or ``conf/`` (the code that measures and decides) changed
+after that commit: the figure is of older code, until it is measured again. Nothing in a block
+is typed by hand; ``tests/test_results.py`` runs the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+BLOCK = re.compile(
+    r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S
+)
+
+
+def provenance(folder: str) -> tuple[str, str]:
+    """(commit, machine) a folder's results were measured at: its command.txt's ``commit``
+    and ``machine`` lines, else its bench.json's."""
+    path = RESULTS / folder
+    lines = (
+        (path / "command.txt").read_text().splitlines() if (path / "command.txt").exists() else []
+    )
+    said = dict(
+        line.split(" ", 1) for line in lines[1:3] if line.startswith(("commit ", "machine "))
+    )
+    if "commit" in said:
+        return said["commit"], said.get("machine", "?").split(" | ")[0]
+    bench = json.loads((path / "bench.json").read_text())
+    machine = bench["machine"]
+    return bench["cwd_git"], f"{machine['cpu_model']}, {machine['usable_cores']} cores"
+
+
+def git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def staleness(commit: str) -> str:
+    """ "" when src/ and conf/ are as they were at ``commit``; else what changed since."""
+    if git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        return f"; its commit {commit[:7]} is not in this clone"
+    if git("diff", "--quiet", commit, "HEAD", "--", "src", "conf").returncode == 0:
+        return ""
+    return f"; **stale since {commit[:7]}**: src/ or conf/ changed after it"
+
+
+def cite(folders: list[str], doc: Path) -> str:
+    """Where the figures come from, each folder linked from ``doc``, with its machine, its
+    commit and whether the code changed since."""
+    up = os.path.relpath(ROOT, doc.parent).replace(os.sep, "/") + "/"
+    up = "" if up == "./" else up
+    parts = []
+    for folder in folders:
+        commit, machine = provenance(folder)
+        link = f"[{folder}]({up}benchmarks/results/{folder}/)"
+        parts.append(f"{link} ({machine}, {commit[:7]}{staleness(commit)})")
+    return "Results: " + "; ".join(parts) + "."
+
+
+def ratio(r: dict | None, digits: int = 2) -> str:
+    """A ratio as every table shows one: ``1.23x [1.10, 1.31] win`` (the one rule's words)."""
+    if r is None:
+        return "-"
+    verdict = r["verdict"] if min(r["rounds"]) >= 3 else f"no claim ({min(r['rounds'])} rounds)"
+    return f"{r['ratio']:.{digits}f}x [{r['low']:.{digits}f}, {r['high']:.{digits}f}] {verdict}"
+
+
+def target(r: dict | None, goal: float) -> str:
+    from feedrate import stats
+
+    return f"{ratio(r)}, target {goal:g}: {stats.against(r, goal)}"
+
+
+def readme_results(doc: Path) -> str:
+    folder = "2026-11-30_cpu-2core-d"
+    bench = json.loads((RESULTS / folder / "bench.json").read_text())
+    label = {
+        "synthetic_loader": "synthetic, 10 ms a sample, loader-bound",
+        "photos": "photos, JPEG decode, end to end",
+        "unseen": "unseen: a user's Dataset, 25 ms a sample",
+    }
+    rows = [
+        "| workload | `default` | `recipe` | tuned | tuned / `recipe` | tuned / CPU-capped |"
+        " tuned / the grid's best |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for workload, res in bench["results"].items():
+        m, r = res["median"], res["ratios"]
+        rows.append(
+            f"| {label.get(workload, workload)} | {m['default']:,.0f} | {m['recipe']:,.0f} |"
+            f" **{m['tuned']:,.0f}** | {ratio(r['tuned/recipe'])} |"
+            f" {ratio(r.get('tuned/cpu_capped'))} | {ratio(r.get('tuned/best_grid'))} |"
+        )
+    return "\n".join(rows) + "\n\n" + cite([folder], doc) + "\n"
+
+
+SENSORS = [  # (the run, its folder): autotune against recipe and the sweep's preset
+    ("150 s (30 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-150s"),
+    ("60 s (12 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-60s"),
+    ("300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-300s"),
+    ("300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-300s-b"),
+    ("300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-300s-c"),
+]
+RECIPE_TARGET = {"150 s (30 s)": 3.0, "60 s (12 s)": 0.95}
+
+
+def autotune_sensors(doc: Path) -> str:
+    rows = [
+        "| run (budget) | commit | autotune | recipe | sweep's preset | autotune / recipe |"
+        " autotune / preset (target 0.9) | tuning s | chosen, each round |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run, folder in SENSORS:
+        res = json.loads((RESULTS / folder / "results.json").read_text())["sensors"]
+        v, m = res["verdicts"], res["verdicts"]["medians"]
+        chosen = [
+            f"{x['loader']['num_workers']} x {x['loader'].get('prefetch_factor') or 2}"
+            for x in res["rows"]
+            if x["name"] == "autotune" and x.get("ok") and not x.get("replaced")
+        ]
+        goal = RECIPE_TARGET.get(run)
+        versus = v["autotune_vs_recipe"]
+        recipe = target(versus, goal) if goal and versus else ratio(versus)
+
+        def fig(x: float | None) -> str:
+            return f"{x:,.1f}" if x else "-"
+
+        rows.append(
+            f"| {run} | {provenance(folder)[0][:7]} | {fig(m.get('autotune'))} |"
+            f" {fig(m.get('recipe'))} | {fig(m.get('tuned'))} | {recipe} |"
+            f" {target(v['autotune_vs_tuned'], 0.9) if v['autotune_vs_tuned'] else '-'} |"
+            f" {', '.join(f'{s:.0f}' for s in v['tuning_s'])} | {', '.join(chosen)} |"
+        )
+    return "\n".join(rows) + "\n\n" + cite([f for _, f in SENSORS], doc) + "\n"
+
+
+LOOPS = [  # (the example, its folder, its key in results.json)
+    ("plain loop", "2026-12-04_cpu-2core-loop-plain-200s", "plain"),
+    ("Lightning, 1 process", "2026-12-04_cpu-2core-loop-lightning-hf-200s", "lightning"),
+    ("Hugging Face Trainer", "2026-12-04_cpu-2core-loop-lightning-hf-200s", "hf"),
+]
+
+
+def loop_examples(doc: Path) -> str:
+    rows = [
+        "| example | machine | commit | autotune_loader | recipe |"
+        " autotune / recipe (target 2.5) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, folder, key in LOOPS:
+        v = json.loads((RESULTS / folder / "results.json").read_text())[key]["verdict"]
+        commit, machine = provenance(folder)
+        rows.append(
+            f"| {name} | {machine}, 2 cores, no GPU | {commit[:7]} |"
+            f" {v['medians']['autotune']:,.1f} | {v['medians']['recipe']:,.1f} |"
+            f" **{target(v['autotune_vs_recipe'], 2.5)}** |"
+        )
+    folders = list(dict.fromkeys(f for _, f, _ in LOOPS))
+    return "\n".join(rows) + "\n\n" + cite(folders, doc) + "\n"
+
+
+TABLES: dict[str, Callable[[Path], str]] = {
+    "readme-results": readme_results,
+    "autotune-sensors": autotune_sensors,
+    "loop-examples": loop_examples,
+}
+DOCS = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md"]
+
+
+def render(doc: Path) -> tuple[str, list[str]]:
+    """``doc`` with every generated block written from its results; the blocks' names."""
+    text, names = doc.read_text(), []
+
+    def fill(m: re.Match) -> str:
+        name = m["name"]
+        if name not in TABLES:
+            raise SystemExit(f"{doc}: no table named {name!r}; known: {', '.join(TABLES)}")
+        names.append(name)
+        return m.group(1) + TABLES[name](doc) + m.group(4)
+
+    return BLOCK.sub(fill, text), names
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="write the blocks (else check)")
+    args = parser.parse_args(argv)
+    differ = []
+    for doc in DOCS:
+        new, names = render(doc)
+        if new != doc.read_text():
+            if args.write:
+                doc.write_text(new)
+                print(f"wrote {', '.join(names)} in {doc.name}", file=sys.stderr)
+            else:
+                differ.append(f"{doc.name} ({', '.join(names)})")
+    if differ:
+        print(
+            "generated tables differ from their results: "
+            + "; ".join(differ)
+            + ". Run: python benchmarks/doc_tables.py --write",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
