@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,19 +32,31 @@ BLOCK = re.compile(
 
 def provenance(folder: str) -> tuple[str, str]:
     """(commit, machine) a folder's results were measured at: its command.txt's ``commit``
-    and ``machine`` lines, else its bench.json's."""
+    and ``machine`` lines, else its bench.json's, else the first run's environment.json in
+    its archive. A commit measured on a tree with uncommitted changes ends in ``+dirty``."""
     path = RESULTS / folder
-    lines = (
-        (path / "command.txt").read_text().splitlines() if (path / "command.txt").exists() else []
-    )
-    said = dict(
-        line.split(" ", 1) for line in lines[1:3] if line.startswith(("commit ", "machine "))
-    )
-    if "commit" in said:
-        return said["commit"], said.get("machine", "?").split(" | ")[0]
-    bench = json.loads((path / "bench.json").read_text())
-    machine = bench["machine"]
-    return bench["cwd_git"], f"{machine['cpu_model']}, {machine['usable_cores']} cores"
+    command = path / "command.txt"
+    lines = command.read_text().splitlines()[1:3] if command.exists() else []
+    said = dict(line.split(" ", 1) for line in lines if line.startswith(("commit ", "machine ")))
+    if "commit" in said and "machine" in said:
+        return said["commit"], said["machine"].split(" | ")[0]
+    if (path / "bench.json").exists():
+        bench = json.loads((path / "bench.json").read_text())
+        machine = bench["machine"]
+        return bench["cwd_git"], f"{machine['cpu_model']}, {machine['usable_cores']} cores"
+    report = json.loads((path / "results.json").read_text())
+    if isinstance(report.get("machine"), dict) and "commit" in report:  # sweep_time.py's
+        return report["commit"], report["machine"]["cpu_model"]
+    with tarfile.open(path / "raw.tar.gz") as archive:
+        first = next(m for m in archive.getmembers() if m.name.endswith("environment.json"))
+        env = json.load(archive.extractfile(first))
+    return said.get("commit", env.get("git_commit") or "?"), env["fingerprint"]["cpu_model"]
+
+
+def short(commit: str) -> str:
+    """``29bad68`` or ``29bad68 (dirty tree)``."""
+    sha, dirty = commit.removesuffix("+dirty"), commit.endswith("+dirty")
+    return sha[:7] + (" (dirty tree)" if dirty else "")
 
 
 def git(*args: str) -> subprocess.CompletedProcess:
@@ -68,7 +81,7 @@ def cite(folders: list[str], doc: Path) -> str:
     for folder in folders:
         commit, machine = provenance(folder)
         link = f"[{folder}]({up}benchmarks/results/{folder}/)"
-        parts.append(f"{link} ({machine}, {commit[:7]}{staleness(commit)})")
+        parts.append(f"{link} ({machine}, {short(commit)}{staleness(commit)})")
     return "Results: " + "; ".join(parts) + "."
 
 
@@ -141,7 +154,7 @@ def autotune_sensors(doc: Path) -> str:
             return f"{x:,.1f}" if x else "-"
 
         rows.append(
-            f"| {run} | {provenance(folder)[0][:7]} | {fig(m.get('autotune'))} |"
+            f"| {run} | {short(provenance(folder)[0])} | {fig(m.get('autotune'))} |"
             f" {fig(m.get('recipe'))} | {fig(m.get('tuned'))} | {recipe} |"
             f" {target(v['autotune_vs_tuned'], 0.9) if v['autotune_vs_tuned'] else '-'} |"
             f" {', '.join(f'{s:.0f}' for s in v['tuning_s'])} | {', '.join(chosen)} |"
@@ -166,7 +179,7 @@ def loop_examples(doc: Path) -> str:
         v = json.loads((RESULTS / folder / "results.json").read_text())[key]["verdict"]
         commit, machine = provenance(folder)
         rows.append(
-            f"| {name} | {machine}, 2 cores, no GPU | {commit[:7]} |"
+            f"| {name} | {machine}, 2 cores, no GPU | {short(commit)} |"
             f" {v['medians']['autotune']:,.1f} | {v['medians']['recipe']:,.1f} |"
             f" **{target(v['autotune_vs_recipe'], 2.5)}** |"
         )
@@ -174,10 +187,107 @@ def loop_examples(doc: Path) -> str:
     return "\n".join(rows) + "\n\n" + cite(folders, doc) + "\n"
 
 
+AUTOTUNE = [  # (workload, run, folder): autotune in feedrate's loop, every bench of it
+    ("sensors", "150 s", "2026-12-05_cpu-2core-loop-autotune-sensors-150s"),
+    ("sensors", "60 s", "2026-12-05_cpu-2core-loop-autotune-sensors-60s"),
+    ("sensors", "300 s", "2026-12-05_cpu-2core-loop-autotune-sensors-300s"),
+    ("sensors", "300 s", "2026-12-05_cpu-2core-loop-autotune-sensors-300s-b"),
+    ("sensors", "300 s", "2026-12-05_cpu-2core-loop-autotune-sensors-300s-c"),
+    ("photos", "300 s", "2026-12-05_cpu-2core-loop-autotune-photos-300s"),
+    ("photos", "300 s", "2026-12-05_cpu-2core-loop-autotune-photos-300s-c"),
+]
+
+
+def readme_autotune(doc: Path) -> str:
+    """Every bench of loader=autotune in feedrate's loop: against recipe and the preset."""
+    rows = [
+        "| data | run | commit | rounds | autotune / `recipe` | autotune / the sweep's preset |",
+        "|---|---|---|---|---|---|",
+    ]
+    for workload, run, folder in AUTOTUNE:
+        v = json.loads((RESULTS / folder / "results.json").read_text())[workload]["verdicts"]
+        goal = (
+            RECIPE_TARGET.get(f"{run} ({int(run[:-2]) // 5} s)") if workload == "sensors" else None
+        )
+        versus = v["autotune_vs_recipe"]
+        preset = v["autotune_vs_tuned"]
+        rounds = max(min(x["rounds"]) for x in (versus, preset) if x)
+        rows.append(
+            f"| {workload} | {run} | {short(provenance(folder)[0])} | {rounds} |"
+            f" {target(versus, goal) if goal and versus else ratio(versus)} |"
+            f" {target(preset, 0.9) if preset else '-'} |"
+        )
+    folders = [f for _, _, f in AUTOTUNE]
+    return "\n".join(rows) + "\n\n" + cite(folders, doc) + "\n"
+
+
+RANKS = [  # every ranks_bench run: the per-rank preset against the best per-rank grid point
+    "2026-12-02_cpu-2core-2ranks",
+    "2026-12-02_cpu-2core-2ranks-climb",
+    "2026-12-02_cpu-2core-2ranks-equivalence",
+    "2026-12-02_cpu-2core-2ranks-equivalence-b",
+    "2026-12-02_cpu-2core-2ranks-paired",
+    "2026-12-02_cpu-2core-2ranks-synthetic-5rounds",
+    "2026-12-02_cpu-2core-2ranks-paired-photos",
+]
+
+
+def readme_ranks(doc: Path) -> str:
+    """Every run of the 2-rank bench, each workload's preset / grid and / Lightning's."""
+    rows = [
+        "| run | commit | data | rounds | per-rank preset / best grid point |"
+        " / Lightning's formula |",
+        "|---|---|---|---|---|---|",
+    ]
+    for folder in RANKS:
+        for workload, res in json.loads((RESULTS / folder / "results.json").read_text()).items():
+            versus = res["verdicts"]["versus"]
+            best, lightning = versus.get("best_grid"), versus.get("lightning")
+            rounds = min(best["rounds"]) if best else "-"
+            rows.append(
+                f"| {folder.replace('_cpu-2core-', ' ')} | {short(provenance(folder)[0])}"
+                f" | {workload} | {rounds} | {ratio(best)} | {ratio(lightning)} |"
+            )
+    return "\n".join(rows) + "\n\n" + cite(RANKS, doc) + "\n"
+
+
+SWEEPS = [  # every timed sweep from scratch (benchmarks/sweep_time.py), in the order run
+    "2026-12-01_cpu-2core-sweep-time",
+    "2026-12-01_cpu-2core-sweep-time-b",
+    "2026-12-01_cpu-2core-sweep-time-c",
+    "2026-12-01_cpu-2core-sweep-time-d",
+    "2026-12-01_cpu-2core-sweep-time-e",
+    "2026-12-05_cpu-2core-sweep-time-photos",
+]
+
+
+def sweep_time(doc: Path) -> str:
+    """Every timed sweep: its wall time and phases, the preset it chose."""
+    rows = [
+        "| run | commit | workload | sweep | of which | final rounds | preset chosen |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for folder in SWEEPS:
+        report = json.loads((RESULTS / folder / "results.json").read_text())
+        for r in report["rows"]:
+            t, loader = r["seconds"], r["decision"]["loader"]
+            phases = ", ".join(f"{k} {v:.0f}" for k, v in t.items() if k != "total")
+            picked = f"{loader['num_workers']} x {loader.get('prefetch_factor') or 2}"
+            rows.append(
+                f"| {folder.replace('_cpu-2core-', ' ')} | {short(provenance(folder)[0])} |"
+                f" {r['workload']} | {t['total']:.0f} s | {phases} | {r['rounds']} |"
+                f" {picked}, {r['decision']['median_samples_per_sec']:,.0f} samples/s |"
+            )
+    return "\n".join(rows) + "\n\n" + cite(SWEEPS, doc) + "\n"
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "readme-results": readme_results,
     "autotune-sensors": autotune_sensors,
     "loop-examples": loop_examples,
+    "readme-autotune": readme_autotune,
+    "readme-ranks": readme_ranks,
+    "sweep-time": sweep_time,
 }
 DOCS = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md"]
 
