@@ -33,7 +33,13 @@ BLOCK = re.compile(
 def provenance(folder: str) -> tuple[str, str]:
     """(commit, machine) a folder's results were measured at: its command.txt's ``commit``
     and ``machine`` lines, else its bench.json's, else the first run's environment.json in
-    its archive. A commit measured on a tree with uncommitted changes ends in ``+dirty``."""
+    its archive (a table.md's ``Machine:`` line first). A commit measured on a tree with
+    uncommitted changes ends in ``+dirty``."""
+    commit, machine = _provenance(folder)
+    return commit, machine.replace("(R)", "").replace(" Processor", "").strip()
+
+
+def _provenance(folder: str) -> tuple[str, str]:
     path = RESULTS / folder
     command = path / "command.txt"
     lines = command.read_text().splitlines()[1:3] if command.exists() else []
@@ -47,6 +53,10 @@ def provenance(folder: str) -> tuple[str, str]:
     report = json.loads((path / "results.json").read_text())
     if isinstance(report.get("machine"), dict) and "commit" in report:  # sweep_time.py's
         return report["commit"], report["machine"]["cpu_model"]
+    table = path / "table.md"
+    machine = [line for line in table.read_text().splitlines() if line.startswith("Machine: ")]
+    if "commit" in said and machine:  # autotune_bench.py's tables name it
+        return said["commit"], machine[0].removeprefix("Machine: ").split(" | ")[0]
     with tarfile.open(path / "raw.tar.gz") as archive:
         first = next(m for m in archive.getmembers() if m.name.endswith("environment.json"))
         env = json.load(archive.extractfile(first))
@@ -251,6 +261,39 @@ def readme_ranks(doc: Path) -> str:
     return "\n".join(rows) + "\n\n" + cite(RANKS, doc) + "\n"
 
 
+FIRST_AUTOTUNE = [  # (data, folder): the benches of the first loader=autotune, in the order run
+    ("photos", "2026-12-03_cpu-2core-autotune-300s-photos-3rounds"),
+    ("stalls", "2026-12-03_cpu-2core-autotune-300s-stalls-synthetic-oneway"),
+    ("synthetic", "2026-12-03_cpu-2core-autotune-300s-stalls-synthetic-oneway"),
+    ("photos", "2026-12-04_cpu-2core-autotune-300s-photos-3rounds-c"),
+    ("synthetic", "2026-12-04_cpu-2core-autotune-300s-synthetic-3rounds"),
+    ("stalls", "2026-12-04_cpu-2core-autotune-300s-stalls-8rounds"),
+    ("photos", "2026-12-04_cpu-2core-autotune-300s-photos-3rounds-amd"),
+]
+
+
+def first_autotune(doc: Path) -> str:
+    """Each bench a row of its own: its machine, its commit, its rounds; no row mixes two."""
+    rows = [
+        "| data | machine | commit | rounds | autotune / preset, whole run | tuning s |"
+        " choice / preset, steady | autotune / `recipe` |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for workload, folder in FIRST_AUTOTUNE:
+        v = json.loads((RESULTS / folder / "results.json").read_text())[workload]["verdicts"]
+        commit, machine = provenance(folder)
+        tuned, choice = v["autotune_vs_tuned"], v["choice_vs_tuned"]
+        rounds = max(min(x["rounds"]) for x in (tuned, choice, v["autotune_vs_recipe"]) if x)
+        seconds = f"{min(v['tuning_s']):.0f}-{max(v['tuning_s']):.0f}" if v["tuning_s"] else "-"
+        rows.append(
+            f"| {workload} | {machine} | {short(commit)} | {rounds} |"
+            f" {target(tuned, 0.9) if tuned else '-'} | {seconds} |"
+            f" {target(choice, 0.9) if choice else '-'} | {ratio(v['autotune_vs_recipe'])} |"
+        )
+    folders = list(dict.fromkeys(f for _, f in FIRST_AUTOTUNE))
+    return "\n".join(rows) + "\n\n" + cite(folders, doc) + "\n"
+
+
 SWEEPS = [  # every timed sweep from scratch (benchmarks/sweep_time.py), in the order run
     "2026-12-01_cpu-2core-sweep-time",
     "2026-12-01_cpu-2core-sweep-time-b",
@@ -288,6 +331,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "readme-autotune": readme_autotune,
     "readme-ranks": readme_ranks,
     "sweep-time": sweep_time,
+    "first-autotune": first_autotune,
 }
 DOCS = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md"]
 
