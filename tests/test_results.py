@@ -150,3 +150,12 @@ def test_a_table_typed_over_or_gone_stale_is_caught(tmp_path, monkeypatch):
     # the result's commit against a HEAD whose src/ differs from it: stale, and said
     assert "stale since" in doc_tables.staleness(doc_tables.provenance("2026-11-30_cpu-2core-d")[0])
     assert doc_tables.staleness("0" * 40).startswith("; its commit 0000000 is not in this clone")
+
+
+def test_each_result_folder_says_what_how_where_and_at_which_code():
+    """A README in every folder: what was measured, the command, the machine and the code."""
+    for folder in sorted(p for p in RESULTS.iterdir() if p.is_dir()):
+        readme = folder / "README.md"
+        assert readme.exists(), f"{folder.name}: no README.md"
+        text = readme.read_text().lower()
+        assert "command" in text or "run.sh" in text or "python " in text, folder.name
