@@ -50,21 +50,29 @@ def _provenance(folder: str) -> tuple[str, str]:
         bench = json.loads((path / "bench.json").read_text())
         machine = bench["machine"]
         return bench["cwd_git"], f"{machine['cpu_model']}, {machine['usable_cores']} cores"
-    report = json.loads((path / "results.json").read_text())
+    results = path / "results.json"
+    report = json.loads(results.read_text()) if results.exists() else {}
     if isinstance(report.get("machine"), dict) and "commit" in report:  # sweep_time.py's
         return report["commit"], report["machine"]["cpu_model"]
     table = path / "table.md"
-    machine = [line for line in table.read_text().splitlines() if line.startswith("Machine: ")]
+    lines = table.read_text().splitlines() if table.exists() else []
+    machine = [line for line in lines if line.startswith("Machine: ")]
     if "commit" in said and machine:  # autotune_bench.py's tables name it
         return said["commit"], machine[0].removeprefix("Machine: ").split(" | ")[0]
     with tarfile.open(path / "raw.tar.gz") as archive:
-        first = next(m for m in archive.getmembers() if m.name.endswith("environment.json"))
-        env = json.load(archive.extractfile(first))
-    return said.get("commit", env.get("git_commit") or "?"), env["fingerprint"]["cpu_model"]
+        envs = [m for m in archive.getmembers() if m.name.endswith("environment.json")]
+        env = json.load(archive.extractfile(envs[0])) if envs else {}
+    if env:
+        return said.get("commit", env.get("git_commit") or "?"), env["fingerprint"]["cpu_model"]
+    readme = (path / "README.md").read_text().splitlines()  # the first benches: its words
+    named = [line.removeprefix("Machine: ") for line in readme if line.startswith("Machine: ")]
+    return said.get("commit", "?"), named[0].split(",")[0] if named else "not recorded"
 
 
 def short(commit: str) -> str:
-    """``29bad68`` or ``29bad68 (dirty tree)``."""
+    """``29bad68`` or ``29bad68 (dirty tree)``; ``?`` where the folder recorded none."""
+    if commit == "?":
+        return "commit not recorded"
     sha, dirty = commit.removesuffix("+dirty"), commit.endswith("+dirty")
     return sha[:7] + (" (dirty tree)" if dirty else "")
 
@@ -74,7 +82,11 @@ def git(*args: str) -> subprocess.CompletedProcess:
 
 
 def staleness(commit: str) -> str:
-    """ "" when src/ and conf/ are as they were at ``commit``; else what changed since."""
+    """Empty when src/ and conf/ are as they were at ``commit``; else what changed since
+    (a tree measured with uncommitted changes: against its commit)."""
+    commit = commit.removesuffix("+dirty")
+    if commit == "?":
+        return ""
     if git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
         return f"; its commit {commit[:7]} is not in this clone"
     if git("diff", "--quiet", commit, "HEAD", "--", "src", "conf").returncode == 0:
@@ -95,10 +107,14 @@ def cite(folders: list[str], doc: Path) -> str:
     return "Results: " + "; ".join(parts) + "."
 
 
-def ratio(r: dict | None, digits: int = 2) -> str:
+def ratio(r: dict | float | None, digits: int = 2) -> str:
     """A ratio as every table shows one: ``1.23x [1.10, 1.31] win`` (the one rule's words)."""
     if r is None:
         return "-"
+    if isinstance(r, (int, float)):  # the first benches kept a ratio of medians alone
+        return f"{r:.2f}x (medians: no interval, no claim)"
+    if r.get("verdict") == "same settings":  # one contestant under two names
+        return "same settings"
     verdict = r["verdict"] if min(r["rounds"]) >= 3 else f"no claim ({min(r['rounds'])} rounds)"
     return f"{r['ratio']:.{digits}f}x [{r['low']:.{digits}f}, {r['high']:.{digits}f}] {verdict}"
 
@@ -109,27 +125,39 @@ def target(r: dict | None, goal: float) -> str:
     return f"{ratio(r)}, target {goal:g}: {stats.against(r, goal)}"
 
 
+LOADER_BENCH = [  # (folder, its figures): every run of loader_bench.py, in the order run
+    ("2026-11-30_cpu-2core", "bench.json"),
+    ("2026-11-30_cpu-2core-b", "summary.json"),
+    ("2026-11-30_cpu-2core-c", "bench.json"),
+    ("2026-11-30_cpu-2core-d", "bench.json"),
+    ("2026-11-30_cpu-2core-e", "bench.json"),
+    ("2026-11-30_h200-16core", "summary.json"),
+    ("2026-12-01_cpu-2core-photos-bounded", "bench.json"),
+    ("2026-12-01_cpu-2core-remote", "bench.json"),
+]
+
+
 def readme_results(doc: Path) -> str:
-    folder = "2026-11-30_cpu-2core-d"
-    bench = json.loads((RESULTS / folder / "bench.json").read_text())
-    label = {
-        "synthetic_loader": "synthetic, 10 ms a sample, loader-bound",
-        "photos": "photos, JPEG decode, end to end",
-        "unseen": "unseen: a user's Dataset, 25 ms a sample",
-    }
+    """Every run of the loader benchmark, a row per workload: tuned against the baselines,
+    the grid's best point and the ceiling."""
     rows = [
-        "| workload | `default` | `recipe` | tuned | tuned / `recipe` | tuned / CPU-capped |"
-        " tuned / the grid's best |",
-        "|---|---|---|---|---|---|---|",
+        "| run | machine | commit | workload | `default` | `recipe` | tuned | tuned / `recipe` |"
+        " tuned / CPU-capped | tuned / the grid's best | tuned / the ceiling |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for workload, res in bench["results"].items():
-        m, r = res["median"], res["ratios"]
-        rows.append(
-            f"| {label.get(workload, workload)} | {m['default']:,.0f} | {m['recipe']:,.0f} |"
-            f" **{m['tuned']:,.0f}** | {ratio(r['tuned/recipe'])} |"
-            f" {ratio(r.get('tuned/cpu_capped'))} | {ratio(r.get('tuned/best_grid'))} |"
-        )
-    return "\n".join(rows) + "\n\n" + cite([folder], doc) + "\n"
+    for folder, name in LOADER_BENCH:
+        figures = json.loads((RESULTS / folder / name).read_text())
+        commit, machine = provenance(folder)
+        for workload, res in figures.get("results", figures).items():
+            m, r = res["median"], res["ratios"]
+            rows.append(
+                f"| {folder.replace('_cpu-2core', '').replace('_', ' ')} | {machine} |"
+                f" {short(commit)} | {workload} | {m.get('default', 0):,.0f} |"
+                f" {m.get('recipe', 0):,.0f} | **{m['tuned']:,.0f}** |"
+                f" {ratio(r.get('tuned/recipe'))} | {ratio(r.get('tuned/cpu_capped'))} |"
+                f" {ratio(r.get('tuned/best_grid'))} | {ratio(r.get('tuned/ceiling'))} |"
+            )
+    return "\n".join(rows) + "\n\n" + cite([f for f, _ in LOADER_BENCH], doc) + "\n"
 
 
 SENSORS = [  # (the run, its folder): autotune against recipe and the sweep's preset
