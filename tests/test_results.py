@@ -154,7 +154,7 @@ def test_a_table_typed_over_or_gone_stale_is_caught(tmp_path, monkeypatch):
 
 def test_each_result_folder_says_what_how_where_and_at_which_code():
     """A README in every folder: what was measured, the command, the machine and the code."""
-    folders = sorted({RESULTS / path.split("/")[2] for path in _tracked()})  # not a bench's, running
+    folders = sorted({RESULTS / path.split("/")[2] for path in _tracked()})  # a running bench: no
     for folder in folders:
         readme = folder / "README.md"
         assert readme.exists(), f"{folder.name}: no README.md"
