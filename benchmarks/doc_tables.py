@@ -137,6 +137,11 @@ LOADER_BENCH = [  # (folder, its figures): every run of loader_bench.py, in the 
 ]
 
 
+def judged(r: dict | float | None, goal: float) -> str:
+    """A ratio against its target where it has an interval; as it is where it has none."""
+    return target(r, goal) if isinstance(r, dict) and "rounds" in r else ratio(r)
+
+
 def readme_results(doc: Path) -> str:
     """Every run of the loader benchmark, a row per workload: tuned against the baselines,
     the grid's best point and the ceiling."""
@@ -158,6 +163,42 @@ def readme_results(doc: Path) -> str:
                 f" {ratio(r.get('tuned/best_grid'))} | {ratio(r.get('tuned/ceiling'))} |"
             )
     return "\n".join(rows) + "\n\n" + cite([f for f, _ in LOADER_BENCH], doc) + "\n"
+
+
+def loader_bench_detail(doc: Path) -> str:
+    """Every loader_bench run with a bench.json, a row per workload: the medians, the
+    ceilings, the thread side row and the sweep's wall time; targets by the one rule."""
+    rows = [
+        "| run | workload | tuned (settings) | best of the grid | loader-only | compute-only |"
+        " ceiling | tuned / the grid's best (target) | tuned / ceiling (target 0.9) |"
+        " threads: tuned / other | sweep s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    folders = [f for f, name in LOADER_BENCH if name == "bench.json"]
+    for folder in folders:
+        bench = json.loads((RESULTS / folder / "bench.json").read_text())
+        for workload, res in bench["results"].items():
+            m, r = res["median"], res["ratios"]
+            t = res.get("settings", {}).get("tuned") or res.get("tuned_preset") or {}
+            setting = f"{t.get('num_workers', '?')} x {t.get('prefetch_factor') or 2}"
+            grid_goal = 0.95 if workload == "photos" else 0.9
+            sweep = (bench.get("sweep_seconds") or {}).get(workload) or 0.0
+            sweep = sweep.get("total", 0.0) if isinstance(sweep, dict) else sweep
+
+            def fig(x: float | None) -> str:
+                return f"{x:,.0f}" if x else "-"
+
+            versus_grid = judged(r.get("tuned/best_grid"), grid_goal)
+            versus_ceiling = judged(r.get("tuned/ceiling"), 0.9)
+            rows.append(
+                f"| {folder.replace('_cpu-2core', '').replace('_', ' ')} | {workload} |"
+                f" **{m['tuned']:,.0f}** ({setting}) | {fig(m.get('best_grid'))} |"
+                f" {fig(res.get('loader_only'))} | {fig(res.get('compute_only'))} |"
+                f" {fig(res.get('ceiling'))} {res.get('ceiling_kind') or ''} | {versus_grid} |"
+                f" {versus_ceiling} | {ratio(res.get('threads'))} |"
+                f" {fig(sweep)} |"
+            )
+    return "\n".join(rows) + "\n\n" + cite(folders, doc) + "\n"
 
 
 SENSORS = [  # (the run, its folder): autotune against recipe and the sweep's preset
@@ -354,6 +395,7 @@ def sweep_time(doc: Path) -> str:
 
 TABLES: dict[str, Callable[[Path], str]] = {
     "readme-results": readme_results,
+    "loader-bench-detail": loader_bench_detail,
     "autotune-sensors": autotune_sensors,
     "loop-examples": loop_examples,
     "readme-autotune": readme_autotune,
