@@ -34,7 +34,13 @@ test-fast: $(STAMP)
 sweep: $(STAMP)
 	$(PY) train.py -m sweep=loader
 
+# The headline benches, from a clean tree: each result folder records the commit, the machine
+# and the date, and a figure of uncommitted code would name a commit it was not measured at.
 bench: $(STAMP)
+	@git diff --quiet HEAD -- src conf benchmarks train.py examples || { \
+	  echo "make bench: src/, conf/, benchmarks/, examples/ or train.py has uncommitted changes:"\
+	       "commit them (or git stash) first, so the results name the code they measured" >&2; \
+	  exit 2; }
 	$(PY) benchmarks/loader_bench.py
 	$(PY) benchmarks/autotune_bench.py
 
