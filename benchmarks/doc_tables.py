@@ -94,15 +94,18 @@ def staleness(commit: str) -> str:
     return f"; **stale since {commit[:7]}**: src/ or conf/ changed after it"
 
 
-def cite(folders: list[str], doc: Path) -> str:
+def cite(folders: list[str], doc: Path, each_run: bool = False) -> str:
     """Where the figures come from, each folder linked from ``doc``, with its machine, its
-    commit and whether the code changed since."""
+    commit and whether the code changed since; ``each_run``: the rows name their own."""
     up = os.path.relpath(ROOT, doc.parent).replace(os.sep, "/") + "/"
     up = "" if up == "./" else up
     parts = []
     for folder in folders:
-        commit, machine = provenance(folder)
         link = f"[{folder}]({up}benchmarks/results/{folder}/)"
+        if each_run:
+            parts.append(link)
+            continue
+        commit, machine = provenance(folder)
         parts.append(f"{link} ({machine}, {short(commit)}{staleness(commit)})")
     return "Results: " + "; ".join(parts) + "."
 
@@ -393,6 +396,47 @@ def sweep_time(doc: Path) -> str:
     return "\n".join(rows) + "\n\n" + cite(SWEEPS, doc) + "\n"
 
 
+SUITES = ["2026-12-05_cpu-2core-suite", "2026-12-05_cpu-2core-xeon-suite"]  # make test's time
+
+
+def _clean_clones() -> list[tuple[str, str, dict]]:
+    """(folder, machine, run) for every clean-clone run of the CI job, in the order run."""
+    out = []
+    for folder in SUITES:
+        report = json.loads((RESULTS / folder / "results.json").read_text())
+        machine = report["machine"].split(",")[0].split(" (")[0]
+        out += [(folder, machine, run) for run in report["clean_clone"]]
+    return out
+
+
+def suite_summary(doc: Path) -> str:
+    """The newest clean-clone run of the CI job on each machine, a line each."""
+    newest: dict[str, tuple[str, dict]] = {}
+    for folder, machine, run in _clean_clones():
+        newest[machine] = (folder, run)
+    lines = [
+        f"- {machine}: **{run['real_s']:.1f} s** in all, {run['tests_s']:.1f} s of tests"
+        f" ({run['passed']} passed), at {run['code'][:7]}"
+        for machine, (_, run) in newest.items()
+    ]
+    folders = list(dict.fromkeys(f for f, _ in newest.values()))
+    return "\n".join(lines) + "\n\n" + cite(folders, doc, each_run=True) + "\n"
+
+
+def suite_time(doc: Path) -> str:
+    """Every clean-clone run of the CI job (creating .venv, installing, make test)."""
+    rows = [
+        "| machine | code | in all (s) | tests (s) | install (s) | passed | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for _, machine, run in _clean_clones():
+        rows.append(
+            f"| {machine} | {run['code'][:7]} | {run['real_s']:.1f} | {run['tests_s']:.1f} |"
+            f" {run['install_s']:.1f} | {run['passed']} | {run.get('note', '')} |"
+        )
+    return "\n".join(rows) + "\n\n" + cite(SUITES, doc, each_run=True) + "\n"
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "readme-results": readme_results,
     "loader-bench-detail": loader_bench_detail,
@@ -402,8 +446,10 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "readme-ranks": readme_ranks,
     "sweep-time": sweep_time,
     "first-autotune": first_autotune,
+    "suite-summary": suite_summary,
+    "suite-time": suite_time,
 }
-DOCS = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md"]
+DOCS = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "install.md"]
 
 
 def render(doc: Path) -> tuple[str, list[str]]:
