@@ -366,6 +366,54 @@ def first_autotune(doc: Path) -> str:
     return "\n".join(rows) + "\n\n" + cite(folders, doc) + "\n"
 
 
+def added_at(folder: str) -> int:
+    """When ``folder`` was committed (seconds since the epoch; 0 where git does not know):
+    the order benches ran in, as their folder names do not always say."""
+    path = f"benchmarks/results/{folder}"
+    out = git("log", "--diff-filter=A", "--format=%at", "--", path).stdout.split()
+    return int(out[-1]) if out else 0
+
+
+def autotune_benches() -> list[str]:
+    """Every folder autotune_bench.py wrote (its command.txt says so) that the tree holds (not
+    one a bench is writing now), in the order committed."""
+    tracked = git("ls-files", "benchmarks/results/*/command.txt").stdout.split()
+    found = [
+        Path(path).parent.name
+        for path in tracked
+        if (ROOT / path).read_text().startswith("python benchmarks/autotune_bench.py")
+        and (ROOT / path).with_name("results.json").exists()
+    ]
+    return sorted(found, key=lambda f: (added_at(f), f))
+
+
+def autotune_history(doc: Path) -> str:
+    """Every bench of autotune_bench.py, a row per workload, in the order committed."""
+    rows = [
+        "| run | machine | commit | data | run s | rounds | autotune / preset (target 0.9) |"
+        " autotune / `recipe` | tuning s | choice / preset, steady |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    folders = autotune_benches()
+    for folder in folders:
+        commit, machine = provenance(folder)
+        first = (RESULTS / folder / "command.txt").read_text().split()
+        seconds = first[first.index("--seconds") + 1] if "--seconds" in first else "300"
+        for workload, res in json.loads((RESULTS / folder / "results.json").read_text()).items():
+            v = res["verdicts"]
+            kept = [x for x in (v["autotune_vs_tuned"], v["autotune_vs_recipe"]) if x]
+            rounds = max((min(x["rounds"]) for x in kept), default="-")
+            tuning = v["tuning_s"]
+            rows.append(
+                f"| {folder.replace('_cpu-2core-', ' ')} | {machine} | {short(commit)} |"
+                f" {workload} | {float(seconds):.0f} | {rounds} |"
+                f" {judged(v['autotune_vs_tuned'], 0.9)} | {ratio(v['autotune_vs_recipe'])} |"
+                f" {f'{min(tuning):.0f}-{max(tuning):.0f}' if tuning else '-'} |"
+                f" {ratio(v['choice_vs_tuned'])} |"
+            )
+    return "\n".join(rows) + "\n\n" + cite(folders, doc) + "\n"
+
+
 SWEEPS = [  # every timed sweep from scratch (benchmarks/sweep_time.py), in the order run
     "2026-12-01_cpu-2core-sweep-time",
     "2026-12-01_cpu-2core-sweep-time-b",
@@ -448,6 +496,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "first-autotune": first_autotune,
     "suite-summary": suite_summary,
     "suite-time": suite_time,
+    "autotune-history": autotune_history,
 }
 DOCS = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "install.md"]
 
