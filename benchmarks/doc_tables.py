@@ -23,7 +23,12 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
+from loader_bench import TARGETS
+
 ROOT = Path(__file__).resolve().parents[1]
+HASH = re.compile(r"\b[0-9a-f]{7,40}(?:\+dirty)?\b")
+# The code a result depends on: what measures and decides, the workloads, the entry point
+MEASURED = ("src", "conf", "examples", "train.py")
 RESULTS = ROOT / "benchmarks" / "results"
 BLOCK = re.compile(
     r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S
@@ -44,6 +49,8 @@ def _provenance(folder: str) -> tuple[str, str]:
     command = path / "command.txt"
     lines = command.read_text().splitlines()[1:3] if command.exists() else []
     said = dict(line.split(" ", 1) for line in lines if line.startswith(("commit ", "machine ")))
+    if "commit" in said:  # a hash, or several (a pooled bench), with words after them
+        said["commit"] = ", ".join(HASH.findall(said["commit"])) or "?"
     if "commit" in said and "machine" in said:
         return said["commit"], said["machine"].split(" | ")[0]
     if (path / "bench.json").exists():
@@ -69,29 +76,36 @@ def _provenance(folder: str) -> tuple[str, str]:
     return said.get("commit", "?"), named[0].split(",")[0] if named else "not recorded"
 
 
-def short(commit: str) -> str:
-    """``29bad68`` or ``29bad68 (dirty tree)``; ``?`` where the folder recorded none."""
-    if commit == "?":
-        return "commit not recorded"
-    sha, dirty = commit.removesuffix("+dirty"), commit.endswith("+dirty")
-    return sha[:7] + (" (dirty tree)" if dirty else "")
-
-
 def git(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
 
 
+def short(commit: str) -> str:
+    """``29bad68`` or ``29bad68 (dirty tree)`` (each, for a pooled bench's several);
+    ``commit not recorded`` where the folder recorded none."""
+    if commit == "?":
+        return "commit not recorded"
+    shown = []
+    for one in commit.split(", "):
+        sha, dirty = one.removesuffix("+dirty"), one.endswith("+dirty")
+        shown.append(sha[:7] + (" (dirty tree)" if dirty else ""))
+    return ", ".join(shown)
+
+
 def staleness(commit: str) -> str:
-    """Empty when src/ and conf/ are as they were at ``commit``; else what changed since
-    (a tree measured with uncommitted changes: against its commit)."""
-    commit = commit.removesuffix("+dirty")
+    """Empty when the code a result depends on (:data:`MEASURED`) is, in this tree, as it was
+    at ``commit`` (at each, for a pooled bench's several); else what changed since. A tree
+    measured with uncommitted changes is compared with its commit. The tree, not HEAD: tables
+    written beside a change to src/ say so before it is committed, as a clean clone will."""
     if commit == "?":
         return ""
-    if git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
-        return f"; its commit {commit[:7]} is not in this clone"
-    if git("diff", "--quiet", commit, "HEAD", "--", "src", "conf").returncode == 0:
-        return ""
-    return f"; **stale since {commit[:7]}**: src/ or conf/ changed after it"
+    for one in commit.split(", "):
+        sha = one.removesuffix("+dirty")
+        if git("cat-file", "-e", f"{sha}^{{commit}}").returncode != 0:
+            return f"; its commit {sha[:7]} is not in this clone"
+        if git("diff", "--quiet", sha, "--", *MEASURED).returncode != 0:
+            return f"; **stale since {sha[:7]}**: the code it measured changed after it"
+    return ""
 
 
 def cite(folders: list[str], doc: Path, each_run: bool = False) -> str:
@@ -140,9 +154,10 @@ LOADER_BENCH = [  # (folder, its figures): every run of loader_bench.py, in the 
 ]
 
 
-def judged(r: dict | float | None, goal: float) -> str:
-    """A ratio against its target where it has an interval; as it is where it has none."""
-    return target(r, goal) if isinstance(r, dict) and "rounds" in r else ratio(r)
+def judged(r: dict | float | None, goal: float | None) -> str:
+    """A ratio against its target where it has one and an interval; as it is otherwise."""
+    has_interval = isinstance(r, dict) and "rounds" in r
+    return target(r, goal) if goal is not None and has_interval else ratio(r)
 
 
 def readme_results(doc: Path) -> str:
@@ -170,10 +185,11 @@ def readme_results(doc: Path) -> str:
 
 def loader_bench_detail(doc: Path) -> str:
     """Every loader_bench run with a bench.json, a row per workload: the medians, the
-    ceilings, the thread side row and the sweep's wall time; targets by the one rule."""
+    ceilings, the thread side row and the sweep's wall time; each workload's targets
+    (``loader_bench.TARGETS``) by the one rule."""
     rows = [
         "| run | workload | tuned (settings) | best of the grid | loader-only | compute-only |"
-        " ceiling | tuned / the grid's best (target) | tuned / ceiling (target 0.9) |"
+        " ceiling | tuned / the grid's best | tuned / ceiling |"
         " threads: tuned / other | sweep s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -184,15 +200,15 @@ def loader_bench_detail(doc: Path) -> str:
             m, r = res["median"], res["ratios"]
             t = res.get("settings", {}).get("tuned") or res.get("tuned_preset") or {}
             setting = f"{t.get('num_workers', '?')} x {t.get('prefetch_factor') or 2}"
-            grid_goal = 0.95 if workload == "photos" else 0.9
+            goals = TARGETS.get(workload, {})
             sweep = (bench.get("sweep_seconds") or {}).get(workload) or 0.0
             sweep = sweep.get("total", 0.0) if isinstance(sweep, dict) else sweep
 
             def fig(x: float | None) -> str:
                 return f"{x:,.0f}" if x else "-"
 
-            versus_grid = judged(r.get("tuned/best_grid"), grid_goal)
-            versus_ceiling = judged(r.get("tuned/ceiling"), 0.9)
+            versus_grid = judged(r.get("tuned/best_grid"), goals.get("tuned/best_grid"))
+            versus_ceiling = judged(r.get("tuned/ceiling"), goals.get("tuned/ceiling"))
             rows.append(
                 f"| {folder.replace('_cpu-2core', '').replace('_', ' ')} | {workload} |"
                 f" **{m['tuned']:,.0f}** ({setting}) | {fig(m.get('best_grid'))} |"
@@ -367,11 +383,11 @@ def first_autotune(doc: Path) -> str:
 
 
 def added_at(folder: str) -> int:
-    """When ``folder`` was committed (seconds since the epoch; 0 where git does not know):
+    """When ``folder`` was committed (seconds since the epoch; the newest where not yet):
     the order benches ran in, as their folder names do not always say."""
     path = f"benchmarks/results/{folder}"
-    out = git("log", "--diff-filter=A", "--format=%at", "--", path).stdout.split()
-    return int(out[-1]) if out else 0
+    out = git("log", "--diff-filter=A", "--no-renames", "--format=%at", "--", path).stdout.split()
+    return int(out[-1]) if out else 2**62  # not committed yet: the newest
 
 
 def autotune_benches() -> list[str]:

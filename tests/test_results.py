@@ -129,7 +129,7 @@ def test_an_old_table_row_is_judged_again_by_the_interval():
 def test_the_generated_tables_match_the_results_they_cite():
     """Every table in the README and docs/benchmarks.md between ``<!-- generated -->`` marks
     is what benchmarks/doc_tables.py writes from the results.json it cites, stale marks
-    included (src/ or conf/ changed after the result's commit)."""
+    included (the code it measured changed after the result's commit)."""
     import doc_tables
 
     assert doc_tables.main([]) == 0, "python benchmarks/doc_tables.py --write"
