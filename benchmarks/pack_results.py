@@ -54,11 +54,27 @@ def to_pack(folder: Path) -> list[Path]:
 
 
 def pack(folder: Path) -> int:
-    """Move what :func:`to_pack` names into ``folder/raw.tar.gz``; the count of entries moved."""
+    """Move what :func:`to_pack` names into ``folder/raw.tar.gz``; the count of entries moved.
+    Refuses (nothing moved) a symlink among them, and an entry whose name the archive holds
+    already: a second member of one name would hide the first from ``tar -x``."""
     entries = to_pack(folder)
     if not entries:
         return 0
+    links = [
+        p for e in entries for p in [e, *(e.rglob("*") if e.is_dir() else [])] if p.is_symlink()
+    ]
+    if links:
+        raise ValueError(f"{folder}: symlinks {[str(p) for p in links]}: pack their targets")
     archive = folder / ARCHIVE
+    held: set[str] = set()
+    if archive.exists():
+        with tarfile.open(archive, "r:gz") as old:
+            held = set(old.getnames())
+    clash = [
+        e.name for e in entries if e.name in held or any(n.startswith(f"{e.name}/") for n in held)
+    ]
+    if clash:
+        raise ValueError(f"{archive} holds {clash} already: rename them, or unpack it first")
     fd, tmp = tempfile.mkstemp(prefix=".raw-", suffix=".tar.gz", dir=folder)
     os.close(fd)
     try:
@@ -72,7 +88,7 @@ def pack(folder: Path) -> int:
                 out.add(entry, arcname=entry.name)
         with tarfile.open(tmp, "r:gz") as check:  # readable to its end before anything goes
             names = set(check.getnames())
-        missing = [e.name for e in entries if e.name not in names]
+        missing = [e.name for e in entries if e.name not in names] + sorted(held - names)
         if missing:
             raise RuntimeError(f"{tmp} lacks {missing}: nothing removed")
         os.replace(tmp, archive)
@@ -87,12 +103,24 @@ def pack(folder: Path) -> int:
     return len(entries)
 
 
+def tracked_folders() -> list[Path]:
+    """The result folders the tree holds: not one a bench is writing now (untracked)."""
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "ls-files", str(RESULTS)], cwd=RESULTS, capture_output=True, text=True
+    ).stdout.split()
+    return sorted({RESULTS / Path(p).parts[2] for p in listed if len(Path(p).parts) > 3})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="*", type=Path)
-    parser.add_argument("--all", action="store_true", help="every folder under results/")
+    parser.add_argument(
+        "--all", action="store_true", help="every folder under results/ that git tracks"
+    )
     args = parser.parse_args(argv)
-    folders = sorted(p for p in RESULTS.iterdir() if p.is_dir()) if args.all else args.folders
+    folders = tracked_folders() if args.all else args.folders
     if not folders:
         parser.error("name a result folder, or --all")
     for folder in folders:

@@ -160,3 +160,22 @@ def test_each_result_folder_says_what_how_where_and_at_which_code():
         assert readme.exists(), f"{folder.name}: no README.md"
         text = readme.read_text().lower()
         assert "command" in text or "run.sh" in text or "python " in text, folder.name
+
+
+def test_packing_refuses_a_name_the_archive_holds_and_a_symlink(tmp_path):
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "bench.log").write_text("first\n")
+    assert pack_results.pack(folder) == 1
+    (folder / "bench.log").write_text("second\n")  # a second member of one name would hide one
+    with pytest.raises(ValueError, match="holds \\['bench.log'\\] already"):
+        pack_results.pack(folder)
+    assert (folder / "bench.log").read_text() == "second\n"
+    (folder / "bench.log").unlink()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "data.bin").write_bytes(b"x")
+    (folder / "runs").symlink_to(outside)  # its target would not be in the archive
+    with pytest.raises(ValueError, match="symlinks"):
+        pack_results.pack(folder)
+    assert (folder / "runs").is_symlink() and (outside / "data.bin").exists()
