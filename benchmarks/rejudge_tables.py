@@ -6,12 +6,15 @@ worse" is met unless the row is a loss.
 
     python benchmarks/rejudge_tables.py benchmarks/results/<folder>/tables.md [...]
 
-For tables written before the rule whose raw runs are archived (autotune_bench.py and
+The interval's ends come from the folder's bench.json (or summary.json) where it holds the
+row's ratio: the table prints two decimals, and 0.947 prints as 0.95. For tables written
+before the rule whose raw runs are archived (autotune_bench.py and
 sweep_time.py redo theirs with ``--summarise``). Only the target column changes.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -19,12 +22,17 @@ from pathlib import Path
 ROW = re.compile(
     r"^\| (?P<w>[^|]+) \| (?P<name>[^|]+) \| (?P<r>[\d.]+)x \[(?P<lo>[\d.]+), (?P<hi>[\d.]+)\]"
     r" (?P<verdict>[^|]*?) \| (?P<target>>= [\d.]+|not significantly worse)"
-    r" (?P<said>PASS|MISS|NOT SHOWN[^|]*?) \|$"
+    r" (?P<said>PASS|MISS|NOT SHOWN[^|]*?|met|missed|not shown) \|$"
 )
 
 
-def judged(m: re.Match) -> str:
+def judged(m: re.Match, figures: dict | None = None) -> str:
+    """The row's target judged; from the folder's own figures (its bench.json or
+    summary.json) where they hold the row's ratio, else from the row's printed two decimals."""
     lo, hi, verdict = float(m["lo"]), float(m["hi"]), m["verdict"]
+    exact = ((figures or {}).get(m["w"].strip()) or {}).get("ratios", {}).get(m["name"].strip())
+    if isinstance(exact, dict) and "low" in exact:
+        lo, hi = exact["low"], exact["high"]
     if "no claim" in verdict:
         return "not shown"
     if m["target"] == "not significantly worse":
@@ -33,12 +41,12 @@ def judged(m: re.Match) -> str:
     return "met" if lo >= target else "missed" if hi < target else "not shown"
 
 
-def rejudge(text: str) -> tuple[str, int]:
+def rejudge(text: str, figures: dict | None = None) -> tuple[str, int]:
     out, n = [], 0
     for line in text.splitlines():
         m = ROW.match(line)
         if m:
-            line, n = line[: m.start("said")] + judged(m) + " |", n + 1
+            line, n = line[: m.start("said")] + judged(m, figures) + " |", n + 1
         out.append(line)
     return "\n".join(out) + "\n", n
 
@@ -48,7 +56,13 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     for path in map(Path, argv):
-        text, n = rejudge(path.read_text())
+        figures = None
+        for name in ("bench.json", "summary.json"):
+            if (path.parent / name).exists():
+                loaded = json.loads((path.parent / name).read_text())
+                figures = loaded.get("results", loaded)
+                break
+        text, n = rejudge(path.read_text(), figures)
         path.write_text(text)
         print(f"{path}: {n} rows judged again", file=sys.stderr)
     return 0

@@ -179,3 +179,12 @@ def test_packing_refuses_a_name_the_archive_holds_and_a_symlink(tmp_path):
     with pytest.raises(ValueError, match="symlinks"):
         pack_results.pack(folder)
     assert (folder / "runs").is_symlink() and (outside / "data.bin").exists()
+
+
+def test_a_row_is_judged_on_its_exact_interval_not_its_two_printed_decimals():
+    import rejudge_tables
+
+    row = "| photos | tuned/best_grid | 1.01x [0.95, 1.08] tie within noise | >= 0.95 met |\n"
+    figures = {"photos": {"ratios": {"tuned/best_grid": {"low": 0.947, "high": 1.08}}}}
+    assert rejudge_tables.rejudge(row)[0].endswith(">= 0.95 met |\n")  # the printed 0.95
+    assert rejudge_tables.rejudge(row, figures)[0].endswith(">= 0.95 not shown |\n")
