@@ -62,6 +62,8 @@ def table(rows: list[dict], steady: float) -> str:
             f" {phases} | {picked}, {r['decision']['median_samples_per_sec']:,.0f} samples/s |"
             f" {r['rounds']} |"
         )
+    if not any(r["fidelity"] for r in rows):
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         f"| workload | trial | workers x prefetch | trial samples/s | {steady:g} s steady state |"
@@ -90,9 +92,14 @@ def table(rows: list[dict], steady: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summarise(out: Path, steady: float) -> int:
-    """OUT's table.md again from its results.json (the verdicts by today's words)."""
+def summarise(out: Path, steady: float | None = None) -> int:
+    """OUT's table.md again from its results.json (the verdicts by today's words). The steady
+    runs' length is the one the bench ran with (its recorded ``--steady-seconds``)."""
     report = json.loads((out / "results.json").read_text())
+    if steady is None:
+        said = report.get("command", "").split()
+        ran = said[said.index("--steady-seconds") + 1] if "--steady-seconds" in said else "20"
+        steady = report.get("steady_seconds", float(ran))
     old = (out / "table.md").read_text().splitlines() if (out / "table.md").exists() else []
     machine = report.get("machine", {}).get("cpu_model", "?")
     header = old[0] if old else f"`{report.get('command', '?')}` ({machine})"  # as first written
@@ -142,7 +149,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.summarise:
-        return summarise(args.summarise, args.steady_seconds)
+        return summarise(args.summarise)
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workloads {unknown}; choose from {sorted(WORKLOADS)}")
@@ -182,6 +189,7 @@ def main() -> int:
         "commit": git_commit(),
         "machine": fp.as_dict(),
         "trials": "fresh processes" if args.fresh else "warm trial hosts",
+        "steady_seconds": args.steady_seconds,
         "rows": rows,
     }
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
