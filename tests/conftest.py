@@ -189,47 +189,73 @@ def torchrun_here(tmp_path):
 def _fork_ranks(logs: Path, ranks: int, *args: str, cwd: Path = ROOT, env: dict | None = None,
                 timeout: float = 300) -> subprocess.CompletedProcess:  # fmt: skip
     import multiprocessing
+    import signal
     import time
+    from multiprocessing.connection import wait
 
     from feedrate.sweep import host
 
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = logs / f"call{len(list(logs.glob('call*'))) if logs.exists() else 0}"  # each its own
+    logs.mkdir(parents=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(host.PRELOAD)  # the sweep's server, if it runs already
+    here = {**os.environ, **{k: v for k, v in (env or {}).items() if k != "PYTHONPATH"}}
+    paths = (env or {}).get("PYTHONPATH")
     procs = [
         ctx.Process(
-            target=_rank_main, args=(logs / f"rank{r}.log", r, ranks, port, args, cwd, env)
+            target=_rank_main, args=(logs / f"rank{r}.log", r, ranks, port, args, cwd, here, paths)
         )  # fmt: skip
         for r in range(ranks)
     ]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + timeout
-    for proc in procs:  # a rank that hangs fails its test, not the suite
-        proc.join(max(0.0, deadline - time.monotonic()))
-    for proc in procs:
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join()
-    out = "".join((logs / f"rank{r}.log").read_text() for r in range(ranks))
+    try:
+        for proc in procs:
+            proc.start()
+        deadline, running = time.monotonic() + timeout, list(procs)
+        while running and time.monotonic() < deadline:  # a hang fails its test, not the suite
+            wait([p.sentinel for p in running], timeout=max(0.0, deadline - time.monotonic()))
+            running = [p for p in procs if p.exitcode is None]
+            if any(p.exitcode for p in procs):  # as torchrun: one rank fails, the job ends
+                break
+    finally:
+        for proc in procs:  # each rank leads a process group: its workers go with it
+            if proc.pid is not None and proc.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.kill()  # one killed before its setpgrp leads no group yet
+            if proc.pid is not None:
+                proc.join()
+    out = "".join((logs / f"rank{r}.log").read_text() for r in range(ranks) if
+                  (logs / f"rank{r}.log").exists())  # fmt: skip
     failed = [p.exitcode for p in procs if p.exitcode] + [0]
     return subprocess.CompletedProcess(["torchrun", *args], failed[0], out, "")
 
 
-def _rank_main(log: Path, rank: int, ranks: int, port: int, args, cwd: Path, env) -> None:
-    """One forked rank: its output to ``log``, torchrun's variables, train.py's main; it exits
-    with the status train.py would."""
+def _rank_main(log: Path, rank: int, ranks: int, port: int, args, cwd: Path, env: dict,
+               paths: str | None) -> None:  # fmt: skip
+    """One forked rank, the leader of a process group (its workers with it): its output to
+    ``log``, the caller's environment and torchrun's variables, train.py's main; it exits with
+    the status train.py would."""
     code = 1
     try:
-        code = _run_rank(log, rank, ranks, port, args, cwd, env)
+        os.setpgrp()
+        os.environ.clear()
+        os.environ.update(env)  # the caller's now, not the fork server's at its start
+        if paths:
+            sys.path[:0] = [str(Path(cwd, p)) for p in paths.split(os.pathsep)]
+        code = _run_rank(log, rank, ranks, port, args, cwd)
+    except BaseException:
+        import traceback
+
+        with open(log, "a") as out:  # an error before train.py ran: said, not lost
+            traceback.print_exc(file=out)
     finally:
         os._exit(code)
 
 
-def _run_rank(log: Path, rank: int, ranks: int, port: int, args, cwd: Path, env) -> int:
+def _run_rank(log: Path, rank: int, ranks: int, port: int, args, cwd: Path) -> int:
     import multiprocessing
     import traceback
 
@@ -251,11 +277,6 @@ def _run_rank(log: Path, rank: int, ranks: int, port: int, args, cwd: Path, env)
             "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0",
         }
     )  # fmt: skip
-    for key, value in (env or {}).items():
-        if key == "PYTHONPATH":
-            sys.path[:0] = [str(Path(cwd, p)) for p in value.split(os.pathsep)]
-        else:
-            os.environ[key] = value
     torch.set_num_threads(1)
     # a torchrun rank's default start method (Linux's): a child of the fork server would
     # start its workers through a fork server of its own, each importing torch
