@@ -501,10 +501,14 @@ def _preset_header(
         f"Winner: {winner.name}, median {winner.median:,.1f} samples/s"
         f" (spread {winner.spread:,.1f}).",
     ]
+    # the decision's own intervals: corrected for every contestant and every look
+    confidence = stats.simultaneous(
+        len(decision.contestants), stats.looks(config.sweep.final_rounds)
+    )
     for c in decision.contestants:
         if c is winner or c.median is None:
             continue
-        versus = stats.compare(winner.per_round(), c.per_round())
+        versus = stats.compare(winner.per_round(), c.per_round(), confidence)
         paired = versus.rounds[0] if versus is not None else 0
         against = (  # the ratio where the rounds both ran can show one; else why it stopped
             described(versus)
