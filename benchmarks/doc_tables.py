@@ -230,14 +230,17 @@ SENSORS = [  # (the run, its folder): autotune against recipe and the sweep's pr
 RECIPE_TARGET = {"150 s (30 s)": 3.0, "60 s (12 s)": 0.95}
 
 
-def autotune_sensors(doc: Path) -> str:
+def autotune_runs(doc: Path, workload: str, runs: list[tuple[str, str]]) -> str:
+    """Benches of loader=autotune on one workload: the medians, autotune against recipe and
+    the sweep's preset, the tuning's seconds and each round's choice."""
     rows = [
         "| run (budget) | commit | autotune | recipe | sweep's preset | autotune / recipe |"
-        " autotune / preset (target 0.9) | tuning s | chosen, each round |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " autotune / preset (target 0.9) | choice / preset, steady | tuning s |"
+        " chosen, each round |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for run, folder in SENSORS:
-        res = json.loads((RESULTS / folder / "results.json").read_text())["sensors"]
+    for run, folder in runs:
+        res = json.loads((RESULTS / folder / "results.json").read_text())[workload]
         v, m = res["verdicts"], res["verdicts"]["medians"]
         chosen = [
             f"{x['loader']['num_workers']} x {x['loader'].get('prefetch_factor') or 2}"
@@ -254,10 +257,24 @@ def autotune_sensors(doc: Path) -> str:
         rows.append(
             f"| {run} | {short(provenance(folder)[0])} | {fig(m.get('autotune'))} |"
             f" {fig(m.get('recipe'))} | {fig(m.get('tuned'))} | {recipe} |"
-            f" {target(v['autotune_vs_tuned'], 0.9) if v['autotune_vs_tuned'] else '-'} |"
+            f" {judged(v['autotune_vs_tuned'], 0.9)} | {ratio(v['choice_vs_tuned'])} |"
             f" {', '.join(f'{s:.0f}' for s in v['tuning_s'])} | {', '.join(chosen)} |"
         )
-    return "\n".join(rows) + "\n\n" + cite([f for _, f in SENSORS], doc) + "\n"
+    return "\n".join(rows) + "\n\n" + cite([f for _, f in runs], doc) + "\n"
+
+
+def autotune_sensors(doc: Path) -> str:
+    return autotune_runs(doc, "sensors", SENSORS)
+
+
+PHOTOS = [
+    ("300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-photos-300s"),
+    ("300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-photos-300s-c"),
+]
+
+
+def autotune_photos(doc: Path) -> str:
+    return autotune_runs(doc, "photos", PHOTOS)
 
 
 LOOPS = [  # (the example, its folder, its key in results.json)
@@ -505,6 +522,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "readme-results": readme_results,
     "loader-bench-detail": loader_bench_detail,
     "autotune-sensors": autotune_sensors,
+    "autotune-photos": autotune_photos,
     "loop-examples": loop_examples,
     "readme-autotune": readme_autotune,
     "readme-ranks": readme_ranks,
