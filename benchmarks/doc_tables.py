@@ -59,8 +59,9 @@ def _provenance(folder: str) -> tuple[str, str]:
         return bench["cwd_git"], f"{machine['cpu_model']}, {machine['usable_cores']} cores"
     results = path / "results.json"
     report = json.loads(results.read_text()) if results.exists() else {}
-    if isinstance(report.get("machine"), dict) and "commit" in report:  # sweep_time.py's
-        return report["commit"], report["machine"]["cpu_model"]
+    commit = report.get("commit") or report.get("cwd_git")  # sweep_time.py's, host_start.py's
+    if isinstance(report.get("machine"), dict) and commit:
+        return commit, report["machine"]["cpu_model"]
     table = path / "table.md"
     lines = table.read_text().splitlines() if table.exists() else []
     machine = [line for line in lines if line.startswith("Machine: ")]
@@ -152,6 +153,12 @@ LOADER_BENCH = [  # (folder, its figures): every run of loader_bench.py, in the 
     ("2026-12-01_cpu-2core-photos-bounded", "bench.json"),
     ("2026-12-01_cpu-2core-remote", "bench.json"),
 ]
+
+
+def bare(r: dict) -> str:
+    """A ratio of seconds or megabytes, with its interval: no win or loss word (less is
+    better there, and the words are for rates)."""
+    return f"{r['ratio']:.2f}x [{r['low']:.2f}, {r['high']:.2f}]"
 
 
 def judged(r: dict | float | None, goal: float | None) -> str:
@@ -447,6 +454,48 @@ def autotune_history(doc: Path) -> str:
     return "\n".join(rows) + "\n\n" + cite(folders, doc) + "\n"
 
 
+def warm_vs_fresh(doc: Path) -> str:
+    """A warm host's figure against a fresh process's, by worker count, and equal within 5%
+    judged by the one rule (the whole interval inside [0.95, 1.05])."""
+    from feedrate import stats
+
+    folder = "2026-12-01_cpu-2core-warm-vs-fresh"
+    report = json.loads((RESULTS / folder / "results.json").read_text())
+    rows = [
+        "| workers | warm samples/s | fresh samples/s | warm / fresh | equal within 5% |"
+        " wall s a run: warm / fresh |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["summary"]:
+        versus = r["warm/fresh"]
+        rows.append(
+            f"| {r['num_workers']} | {r['warm_median']:,.0f} | {r['fresh_median']:,.0f} |"
+            f" {ratio(versus)} | {'yes' if stats.equal_within(versus, 0.05) else 'not shown'} |"
+            f" {r['wall_s']['warm']:.1f} / {r['wall_s']['fresh']:.1f} |"
+        )
+    return "\n".join(rows) + "\n\n" + cite([folder], doc) + "\n"
+
+
+def host_start(doc: Path) -> str:
+    """A forked trial host against a fresh process: the first trial's seconds and its PSS."""
+    folder = "2026-12-05_cpu-2core-host-start"
+    report = json.loads((RESULTS / folder / "results.json").read_text())
+    m, rounds = report["median"], max(r["round"] for r in report["rows"]) + 1
+    rows = [
+        f"| host | first trial, s (median of {rounds}) | peak PSS of the trial, MB |",
+        "|---|---|---|",
+        f"| fresh `python train.py` | {m['fresh']['seconds']:.2f} |"
+        f" {m['fresh']['peak_pss_mb']:,.0f} |",
+        f"| forked from the server | {m['forked']['seconds']:.2f} |"
+        f" {m['forked']['peak_pss_mb']:,.0f} |",
+        "",
+        f"Forked / fresh: {bare(report['forked/fresh seconds'])} the seconds,"
+        f" {report['forked/fresh peak_pss_mb']['ratio']:.2f}x the PSS. The server's own start,"
+        f" once a sweep: {report['rows'][0]['seconds']:.2f} s.",
+    ]
+    return "\n".join(rows) + "\n\n" + cite([folder], doc) + "\n"
+
+
 SWEEPS = [  # every timed sweep from scratch (benchmarks/sweep_time.py), in the order run
     "2026-12-01_cpu-2core-sweep-time",
     "2026-12-01_cpu-2core-sweep-time-b",
@@ -527,6 +576,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "readme-autotune": readme_autotune,
     "readme-ranks": readme_ranks,
     "sweep-time": sweep_time,
+    "warm-vs-fresh": warm_vs_fresh,
+    "host-start": host_start,
     "first-autotune": first_autotune,
     "suite-summary": suite_summary,
     "suite-time": suite_time,
