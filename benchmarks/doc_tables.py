@@ -354,6 +354,37 @@ RANKS = [  # every ranks_bench run: the per-rank preset against the best per-ran
 ]
 
 
+def swept(seconds: dict) -> str:
+    """A ranks bench's two sweeps' seconds; '-' where it reused presets (--skip-sweep)."""
+    if not seconds:
+        return "- (presets reused)"
+    return f"{seconds['one_process']:.0f}, {seconds['per_rank']:.0f}"
+
+
+def ranks_detail(doc: Path) -> str:
+    """Every run of the 2-rank bench, every column: the per-rank preset against the grid's
+    best point (target 0.9), Lightning's formula, the one-process preset divided, recipe."""
+    rows = [
+        "| run | commit | data | rounds | per-rank preset | grid's best | preset / grid"
+        " (target 0.9) | / Lightning | / divided | / recipe | sweeps s: one process, per rank |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for folder in RANKS:
+        commit = short(provenance(folder)[0])
+        for workload, res in json.loads((RESULTS / folder / "results.json").read_text()).items():
+            v, m, sweep = res["verdicts"]["versus"], res["verdicts"]["medians"], res["sweep_s"]
+            grid = res["best_grid"].removeprefix("grid_").replace("x", " x ")
+            rows.append(
+                f"| {folder.replace('_cpu-2core-', ' ')} | {commit} | {workload} |"
+                f" {min(v['best_grid']['rounds'])} | {m['tuned']:,.0f}"
+                f" ({res['tuned_settings']}) | {m['best_grid']:,.0f} ({grid} a rank) |"
+                f" {judged(v['best_grid'], 0.9)} | {ratio(v.get('lightning'))} |"
+                f" {ratio(v.get('divided'))} | {ratio(v.get('recipe'))} |"
+                f" {swept(sweep)} |"
+            )
+    return "\n".join(rows) + "\n\n" + cite(RANKS, doc) + "\n"
+
+
 def readme_ranks(doc: Path) -> str:
     """Every run of the 2-rank bench, each workload's preset / grid and / Lightning's."""
     rows = [
@@ -575,6 +606,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "loop-examples": loop_examples,
     "readme-autotune": readme_autotune,
     "readme-ranks": readme_ranks,
+    "ranks-detail": ranks_detail,
     "sweep-time": sweep_time,
     "warm-vs-fresh": warm_vs_fresh,
     "host-start": host_start,
