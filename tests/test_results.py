@@ -188,3 +188,14 @@ def test_a_row_is_judged_on_its_exact_interval_not_its_two_printed_decimals():
     figures = {"photos": {"ratios": {"tuned/best_grid": {"low": 0.947, "high": 1.08}}}}
     assert rejudge_tables.rejudge(row)[0].endswith(">= 0.95 met |\n")  # the printed 0.95
     assert rejudge_tables.rejudge(row, figures)[0].endswith(">= 0.95 not shown |\n")
+
+
+def test_no_figure_is_typed_by_hand_in_the_readme_or_the_benchmarks_page():
+    """Outside the generated blocks, neither the README nor docs/benchmarks.md carries a
+    measured figure (a rate, or a ratio with its interval): each is written from its results
+    by benchmarks/doc_tables.py, or lives in its folder's README as the story of its day."""
+    figure = re.compile(r"\d\.\d\dx|\dx \[|\d[\d,]* samples/s|\[\d\.\d+, \d")
+    for doc in (ROOT / "README.md", ROOT / "docs" / "benchmarks.md"):
+        typed = re.sub(r"<!-- generated:.*?<!-- /generated -->", "", doc.read_text(), flags=re.S)
+        lines = [line for line in typed.splitlines() if figure.search(line)]
+        assert not lines, f"{doc.name}: {lines[:3]}"
