@@ -284,6 +284,13 @@ def autotune_photos(doc: Path) -> str:
     return autotune_runs(doc, "photos", PHOTOS)
 
 
+DOCUMENTS = [("300 s (60 s)", "2026-12-05_cpu-2core-xeon-autotune-docs-300s")]
+
+
+def autotune_docs(doc: Path) -> str:
+    return autotune_runs(doc, "docs", DOCUMENTS)
+
+
 LOOPS = [  # (the example, its folder, its key in results.json)
     ("plain loop", "2026-12-04_cpu-2core-loop-plain-200s", "plain"),
     ("Lightning, 1 process", "2026-12-04_cpu-2core-loop-lightning-hf-200s", "lightning"),
@@ -317,6 +324,7 @@ AUTOTUNE = [  # (workload, run, folder): autotune in feedrate's loop, every benc
     ("sensors", "300 s", "2026-12-05_cpu-2core-loop-autotune-sensors-300s-c"),
     ("photos", "300 s", "2026-12-05_cpu-2core-loop-autotune-photos-300s"),
     ("photos", "300 s", "2026-12-05_cpu-2core-loop-autotune-photos-300s-c"),
+    ("docs", "300 s", "2026-12-05_cpu-2core-xeon-autotune-docs-300s"),
 ]
 
 
@@ -598,11 +606,21 @@ def suite_time(doc: Path) -> str:
     return "\n".join(rows) + "\n\n" + cite(SUITES, doc, each_run=True) + "\n"
 
 
+FIRST_RUN = "2026-12-05_cpu-2core-xeon-first-run"  # `python train.py`, the default job
+
+
+def readme_sample(doc: Path) -> str:
+    """The summary the default job printed, as its folder keeps it (summary.txt)."""
+    summary = (RESULTS / FIRST_RUN / "summary.txt").read_text().rstrip("\n")
+    return "```\n" + summary + "\n```\n\n" + cite([FIRST_RUN], doc) + "\n"
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "readme-results": readme_results,
     "loader-bench-detail": loader_bench_detail,
     "autotune-sensors": autotune_sensors,
     "autotune-photos": autotune_photos,
+    "autotune-docs": autotune_docs,
     "loop-examples": loop_examples,
     "readme-autotune": readme_autotune,
     "readme-ranks": readme_ranks,
@@ -612,6 +630,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "host-start": host_start,
     "first-autotune": first_autotune,
     "suite-summary": suite_summary,
+    "readme-sample": readme_sample,
     "suite-time": suite_time,
     "autotune-history": autotune_history,
 }
