@@ -4,8 +4,8 @@ compressed archive beside them.
     python benchmarks/pack_results.py benchmarks/results/<folder> [...]   # or --all
 
 A folder keeps, as files: ``README.md``, ``command.txt``, ``results.json`` (``bench.json``,
-``summary.json``), its tables (``table.md``, ``tables.md``), its plots (``*.png``), the presets
-it measured (``*.yaml``) and the scripts that made it (``*.py``, ``*.sh``). Everything else (the
+``summary.json``, a run's printed ``summary.txt``), its tables (``table.md``, ``tables.md``),
+its plots (``*.png``), the presets it measured (``*.yaml``) and the scripts that made it (``*.py``, ``*.sh``). Everything else (the
 Hydra run folders, logs, study databases, ``runs.jsonl``) goes into ``raw.tar.gz``; an
 archive already there is opened and written again with the new members added, so there is
 always one. Nothing is lost: the archive is written to a temporary file and checked (every
@@ -33,6 +33,7 @@ KEEP = (
     "results.json",
     "bench.json",
     "summary.json",
+    "summary.txt",  # a run's printed summary, as the README shows it
     "table.md",
     "tables.md",
     "*.png",
