@@ -5,12 +5,13 @@ compressed archive beside them.
 
 A folder keeps, as files: ``README.md``, ``command.txt``, ``results.json`` (``bench.json``,
 ``summary.json``, a run's printed ``summary.txt``), its tables (``table.md``, ``tables.md``),
-its plots (``*.png``), the presets it measured (``*.yaml``) and the scripts that made it (``*.py``, ``*.sh``). Everything else (the
-Hydra run folders, logs, study databases, ``runs.jsonl``) goes into ``raw.tar.gz``; an
-archive already there is opened and written again with the new members added, so there is
-always one. Nothing is lost: the archive is written to a temporary file and checked (every
-member listed) before the files it holds are removed. ``tar -xzf raw.tar.gz`` in the folder
-puts them back where they were. ``tests/test_results.py`` caps what a folder may keep.
+its plots (``*.png``), the presets it measured (``*.yaml``) and the scripts that made it
+(``*.py``, ``*.sh``). Everything else (the Hydra run folders, logs, study databases,
+``runs.jsonl``) goes into ``raw.tar.gz``; an archive already there is opened and written again
+with the new members added, so there is always one. Nothing is lost: the archive is written to
+a temporary file and checked (every member listed) before the files it holds are removed.
+``tar -xzf raw.tar.gz`` in the folder puts them back where they were.
+``tests/test_results.py`` caps what a folder may keep.
 """
 
 from __future__ import annotations
