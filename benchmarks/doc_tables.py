@@ -14,6 +14,7 @@ is typed by hand; ``tests/test_results.py`` runs the check.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -35,6 +36,7 @@ BLOCK = re.compile(
 )
 
 
+@functools.cache
 def provenance(folder: str) -> tuple[str, str]:
     """(commit, machine) a folder's results were measured at: its command.txt's ``commit``
     and ``machine`` lines, else its bench.json's, else the first run's environment.json in
@@ -93,6 +95,7 @@ def short(commit: str) -> str:
     return ", ".join(shown)
 
 
+@functools.cache
 def staleness(commit: str) -> str:
     """Empty when the code a result depends on (:data:`MEASURED`) is, in this tree, as it was
     at ``commit`` (at each, for a pooled bench's several); else what changed since. A tree
@@ -123,6 +126,20 @@ def cite(folders: list[str], doc: Path, each_run: bool = False) -> str:
         commit, machine = provenance(folder)
         parts.append(f"{link} ({machine}, {short(commit)}{staleness(commit)})")
     return "Results: " + "; ".join(parts) + "."
+
+
+def cited(rows: list[str], folders: list[str], doc: Path, each_run: bool = False) -> str:
+    """A table's rows, then where its figures come from (:func:`cite`)."""
+    return "\n".join(rows) + "\n\n" + cite(folders, doc, each_run) + "\n"
+
+
+def number(x: float | None, digits: int = 0) -> str:
+    return f"{x:,.{digits}f}" if x else "-"
+
+
+def label(folder: str) -> str:
+    """A folder as a row names it: its date and what it ran (``2026-12-02 2ranks-paired``)."""
+    return folder.replace("_cpu-2core-", " ").replace("_cpu-2core", "")
 
 
 def ratio(r: dict | float | None, digits: int = 2) -> str:
@@ -181,13 +198,13 @@ def readme_results(doc: Path) -> str:
         for workload, res in figures.get("results", figures).items():
             m, r = res["median"], res["ratios"]
             rows.append(
-                f"| {folder.replace('_cpu-2core', '').replace('_', ' ')} | {machine} |"
+                f"| {label(folder)} | {machine} |"
                 f" {short(commit)} | {workload} | {m.get('default', 0):,.0f} |"
                 f" {m.get('recipe', 0):,.0f} | **{m['tuned']:,.0f}** |"
                 f" {ratio(r.get('tuned/recipe'))} | {ratio(r.get('tuned/cpu_capped'))} |"
                 f" {ratio(r.get('tuned/best_grid'))} | {ratio(r.get('tuned/ceiling'))} |"
             )
-    return "\n".join(rows) + "\n\n" + cite([f for f, _ in LOADER_BENCH], doc) + "\n"
+    return cited(rows, [f for f, _ in LOADER_BENCH], doc)
 
 
 def loader_bench_detail(doc: Path) -> str:
@@ -211,20 +228,17 @@ def loader_bench_detail(doc: Path) -> str:
             sweep = (bench.get("sweep_seconds") or {}).get(workload) or 0.0
             sweep = sweep.get("total", 0.0) if isinstance(sweep, dict) else sweep
 
-            def fig(x: float | None) -> str:
-                return f"{x:,.0f}" if x else "-"
-
             versus_grid = judged(r.get("tuned/best_grid"), goals.get("tuned/best_grid"))
             versus_ceiling = judged(r.get("tuned/ceiling"), goals.get("tuned/ceiling"))
             rows.append(
-                f"| {folder.replace('_cpu-2core', '').replace('_', ' ')} | {workload} |"
-                f" **{m['tuned']:,.0f}** ({setting}) | {fig(m.get('best_grid'))} |"
-                f" {fig(res.get('loader_only'))} | {fig(res.get('compute_only'))} |"
-                f" {fig(res.get('ceiling'))} {res.get('ceiling_kind') or ''} | {versus_grid} |"
+                f"| {label(folder)} | {workload} |"
+                f" **{m['tuned']:,.0f}** ({setting}) | {number(m.get('best_grid'))} |"
+                f" {number(res.get('loader_only'))} | {number(res.get('compute_only'))} |"
+                f" {number(res.get('ceiling'))} {res.get('ceiling_kind') or ''} | {versus_grid} |"
                 f" {versus_ceiling} | {ratio(res.get('threads'))} |"
-                f" {fig(sweep)} |"
+                f" {number(sweep)} |"
             )
-    return "\n".join(rows) + "\n\n" + cite(folders, doc) + "\n"
+    return cited(rows, folders, doc)
 
 
 SENSORS = [  # (the run, its folder): autotune against recipe and the sweep's preset
@@ -234,7 +248,7 @@ SENSORS = [  # (the run, its folder): autotune against recipe and the sweep's pr
     ("300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-300s-b"),
     ("300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-300s-c"),
 ]
-RECIPE_TARGET = {"150 s (30 s)": 3.0, "60 s (12 s)": 0.95}
+RECIPE_TARGET = {"150 s": 3.0, "60 s": 0.95}  # autotune / recipe, by run length (issue 39)
 
 
 def autotune_runs(doc: Path, workload: str, runs: list[tuple[str, str]]) -> str:
@@ -254,20 +268,17 @@ def autotune_runs(doc: Path, workload: str, runs: list[tuple[str, str]]) -> str:
             for x in res["rows"]
             if x["name"] == "autotune" and x.get("ok") and not x.get("replaced")
         ]
-        goal = RECIPE_TARGET.get(run)
+        goal = RECIPE_TARGET.get(run.split(" (")[0])
         versus = v["autotune_vs_recipe"]
         recipe = target(versus, goal) if goal and versus else ratio(versus)
 
-        def fig(x: float | None) -> str:
-            return f"{x:,.1f}" if x else "-"
-
         rows.append(
-            f"| {run} | {short(provenance(folder)[0])} | {fig(m.get('autotune'))} |"
-            f" {fig(m.get('recipe'))} | {fig(m.get('tuned'))} | {recipe} |"
+            f"| {run} | {short(provenance(folder)[0])} | {number(m.get('autotune'), 1)} |"
+            f" {number(m.get('recipe'), 1)} | {number(m.get('tuned'), 1)} | {recipe} |"
             f" {judged(v['autotune_vs_tuned'], 0.9)} | {ratio(v['choice_vs_tuned'])} |"
             f" {', '.join(f'{s:.0f}' for s in v['tuning_s'])} | {', '.join(chosen)} |"
         )
-    return "\n".join(rows) + "\n\n" + cite([f for _, f in runs], doc) + "\n"
+    return cited(rows, [f for _, f in runs], doc)
 
 
 def autotune_sensors(doc: Path) -> str:
@@ -313,7 +324,7 @@ def loop_examples(doc: Path) -> str:
             f" **{target(v['autotune_vs_recipe'], 2.5)}** |"
         )
     folders = list(dict.fromkeys(f for _, f, _ in LOOPS))
-    return "\n".join(rows) + "\n\n" + cite(folders, doc) + "\n"
+    return cited(rows, folders, doc)
 
 
 AUTOTUNE = [  # (workload, run, folder): autotune in feedrate's loop, every bench of it
@@ -336,9 +347,7 @@ def readme_autotune(doc: Path) -> str:
     ]
     for workload, run, folder in AUTOTUNE:
         v = json.loads((RESULTS / folder / "results.json").read_text())[workload]["verdicts"]
-        goal = (
-            RECIPE_TARGET.get(f"{run} ({int(run[:-2]) // 5} s)") if workload == "sensors" else None
-        )
+        goal = RECIPE_TARGET.get(run) if workload == "sensors" else None
         versus = v["autotune_vs_recipe"]
         preset = v["autotune_vs_tuned"]
         rounds = max(min(x["rounds"]) for x in (versus, preset) if x)
@@ -348,7 +357,7 @@ def readme_autotune(doc: Path) -> str:
             f" {target(preset, 0.9) if preset else '-'} |"
         )
     folders = [f for _, _, f in AUTOTUNE]
-    return "\n".join(rows) + "\n\n" + cite(folders, doc) + "\n"
+    return cited(rows, folders, doc)
 
 
 RANKS = [  # every ranks_bench run: the per-rank preset against the best per-rank grid point
@@ -383,14 +392,14 @@ def ranks_detail(doc: Path) -> str:
             v, m, sweep = res["verdicts"]["versus"], res["verdicts"]["medians"], res["sweep_s"]
             grid = res["best_grid"].removeprefix("grid_").replace("x", " x ")
             rows.append(
-                f"| {folder.replace('_cpu-2core-', ' ')} | {commit} | {workload} |"
+                f"| {label(folder)} | {commit} | {workload} |"
                 f" {min(v['best_grid']['rounds'])} | {m['tuned']:,.0f}"
                 f" ({res['tuned_settings']}) | {m['best_grid']:,.0f} ({grid} a rank) |"
                 f" {judged(v['best_grid'], 0.9)} | {ratio(v.get('lightning'))} |"
                 f" {ratio(v.get('divided'))} | {ratio(v.get('recipe'))} |"
                 f" {swept(sweep)} |"
             )
-    return "\n".join(rows) + "\n\n" + cite(RANKS, doc) + "\n"
+    return cited(rows, RANKS, doc)
 
 
 def readme_ranks(doc: Path) -> str:
@@ -406,10 +415,10 @@ def readme_ranks(doc: Path) -> str:
             best, lightning = versus.get("best_grid"), versus.get("lightning")
             rounds = min(best["rounds"]) if best else "-"
             rows.append(
-                f"| {folder.replace('_cpu-2core-', ' ')} | {short(provenance(folder)[0])}"
+                f"| {label(folder)} | {short(provenance(folder)[0])}"
                 f" | {workload} | {rounds} | {ratio(best)} | {ratio(lightning)} |"
             )
-    return "\n".join(rows) + "\n\n" + cite(RANKS, doc) + "\n"
+    return cited(rows, RANKS, doc)
 
 
 FIRST_AUTOTUNE = [  # (data, folder): the benches of the first loader=autotune, in the order run
@@ -442,7 +451,7 @@ def first_autotune(doc: Path) -> str:
             f" {target(choice, 0.9) if choice else '-'} | {ratio(v['autotune_vs_recipe'])} |"
         )
     folders = list(dict.fromkeys(f for _, f in FIRST_AUTOTUNE))
-    return "\n".join(rows) + "\n\n" + cite(folders, doc) + "\n"
+    return cited(rows, folders, doc)
 
 
 def added_at(folder: str) -> int:
@@ -484,13 +493,13 @@ def autotune_history(doc: Path) -> str:
             rounds = max((min(x["rounds"]) for x in kept), default="-")
             tuning = v["tuning_s"]
             rows.append(
-                f"| {folder.replace('_cpu-2core-', ' ')} | {machine} | {short(commit)} |"
+                f"| {label(folder)} | {machine} | {short(commit)} |"
                 f" {workload} | {float(seconds):.0f} | {rounds} |"
                 f" {judged(v['autotune_vs_tuned'], 0.9)} | {ratio(v['autotune_vs_recipe'])} |"
                 f" {f'{min(tuning):.0f}-{max(tuning):.0f}' if tuning else '-'} |"
                 f" {ratio(v['choice_vs_tuned'])} |"
             )
-    return "\n".join(rows) + "\n\n" + cite(folders, doc) + "\n"
+    return cited(rows, folders, doc)
 
 
 def warm_vs_fresh(doc: Path) -> str:
@@ -512,7 +521,7 @@ def warm_vs_fresh(doc: Path) -> str:
             f" {ratio(versus)} | {'yes' if stats.equal_within(versus, 0.05) else 'not shown'} |"
             f" {r['wall_s']['warm']:.1f} / {r['wall_s']['fresh']:.1f} |"
         )
-    return "\n".join(rows) + "\n\n" + cite([folder], doc) + "\n"
+    return cited(rows, [folder], doc)
 
 
 def host_start(doc: Path) -> str:
@@ -532,7 +541,7 @@ def host_start(doc: Path) -> str:
         f" {report['forked/fresh peak_pss_mb']['ratio']:.2f}x the PSS. The server's own start,"
         f" once a sweep: {report['rows'][0]['seconds']:.2f} s.",
     ]
-    return "\n".join(rows) + "\n\n" + cite([folder], doc) + "\n"
+    return cited(rows, [folder], doc)
 
 
 SWEEPS = [  # every timed sweep from scratch (benchmarks/sweep_time.py), in the order run
@@ -558,11 +567,11 @@ def sweep_time(doc: Path) -> str:
             phases = ", ".join(f"{k} {v:.0f}" for k, v in t.items() if k != "total")
             picked = f"{loader['num_workers']} x {loader.get('prefetch_factor') or 2}"
             rows.append(
-                f"| {folder.replace('_cpu-2core-', ' ')} | {short(provenance(folder)[0])} |"
+                f"| {label(folder)} | {short(provenance(folder)[0])} |"
                 f" {r['workload']} | {t['total']:.0f} s | {phases} | {r['rounds']} |"
                 f" {picked}, {r['decision']['median_samples_per_sec']:,.0f} samples/s |"
             )
-    return "\n".join(rows) + "\n\n" + cite(SWEEPS, doc) + "\n"
+    return cited(rows, SWEEPS, doc)
 
 
 SUITES = ["2026-12-05_cpu-2core-suite", "2026-12-05_cpu-2core-xeon-suite"]  # make test's time
@@ -589,7 +598,7 @@ def suite_summary(doc: Path) -> str:
         for machine, (_, run) in newest.items()
     ]
     folders = list(dict.fromkeys(f for f, _ in newest.values()))
-    return "\n".join(lines) + "\n\n" + cite(folders, doc, each_run=True) + "\n"
+    return cited(lines, folders, doc, each_run=True)
 
 
 def suite_time(doc: Path) -> str:
@@ -603,7 +612,7 @@ def suite_time(doc: Path) -> str:
             f"| {machine} | {run['code'][:7]} | {run['real_s']:.1f} | {run['tests_s']:.1f} |"
             f" {run['install_s']:.1f} | {run['passed']} | {run.get('note', '')} |"
         )
-    return "\n".join(rows) + "\n\n" + cite(SUITES, doc, each_run=True) + "\n"
+    return cited(rows, SUITES, doc, each_run=True)
 
 
 FIRST_RUN = "2026-12-05_cpu-2core-xeon-first-run"  # `python train.py`, the default job

@@ -19,6 +19,8 @@ import re
 import sys
 from pathlib import Path
 
+from feedrate import stats
+
 ROW = re.compile(
     r"^\| (?P<w>[^|]+) \| (?P<name>[^|]+) \| (?P<r>[\d.]+)x \[(?P<lo>[\d.]+), (?P<hi>[\d.]+)\]"
     r" (?P<verdict>[^|]*?) \| (?P<target>>= [\d.]+|not significantly worse)"
@@ -33,12 +35,10 @@ def judged(m: re.Match, figures: dict | None = None) -> str:
     exact = ((figures or {}).get(m["w"].strip()) or {}).get("ratios", {}).get(m["name"].strip())
     if isinstance(exact, dict) and "low" in exact:
         lo, hi = exact["low"], exact["high"]
-    if "no claim" in verdict:
-        return "not shown"
     if m["target"] == "not significantly worse":
         return "missed" if verdict.startswith("loss") else "met"
-    target = float(m["target"][3:])
-    return "met" if lo >= target else "missed" if hi < target else "not shown"
+    rounds = 1 if "no claim" in verdict else stats.MIN_ROUNDS  # the row says which
+    return stats.against({"low": lo, "high": hi, "rounds": [rounds]}, float(m["target"][3:]))
 
 
 def rejudge(text: str, figures: dict | None = None) -> tuple[str, int]:
