@@ -1,6 +1,6 @@
 """loader=autotune against the sweep's tuned preset and the recipe: fixed-length runs.
 
-    python benchmarks/autotune_bench.py                          # synthetic, photos, stalls
+    python benchmarks/autotune_bench.py                          # synthetic, photos, tiles
     python benchmarks/autotune_bench.py --workloads synthetic --seconds 120 --rounds 2
     python benchmarks/autotune_bench.py --skip-sweep --rounds 5 --contestants autotune tuned
 
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loader_bench import WORKLOADS, preset_name, run_sweep  # noqa: E402
 
-DEFAULT_WORKLOADS = ["synthetic", "photos", "stalls"]
+DEFAULT_WORKLOADS = ["synthetic", "photos", "tiles"]
 CONTESTANTS = ("autotune", "tuned", "recipe")
 TUNING_COST = 0.9  # autotune / tuned, samples of the whole run
 CHOICE = 0.9  # the chosen setting's steady rate / the tuned preset's

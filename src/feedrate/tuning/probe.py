@@ -7,18 +7,26 @@ window opens once that backlog is eaten, which the first real wait shows (a cons
 waits has nothing queued), or after ``workers x prefetch_factor`` batches, or after a
 window's length, whichever comes first. The window is bounded in seconds, not steps, so a
 slow setting costs no more time than a fast one, and one clearly slower than the best so far
-is left at once: after half a window, or already in its warm-up, whose rate (the backlog on
-top of the steady rate) bounds the steady one from above.
+is left after half a window.
+
+"Clearly slower" means slower *because of its loader*: the consumer waited for data at least
+``HELD_BACK`` of the time. A consumer that hardly waited ran at its own speed, and on cores it
+shares with the workers that speed drops while they start and fill their queues (``workers x
+prefetch_factor`` batches made at once): a start-up cost, not the setting's steady rate. Such
+a setting is measured over its whole window, never left half-way, and never in its warm-up,
+whose rate bounds the steady one from above only where the loader, not the consumer, set it
+(and that consumer's first wait opens the window).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from feedrate.tuning.policy import Figure, Setting
 
 LEAVE_BELOW = 0.8  # of the best rate: a setting this much slower is left
+HELD_BACK = 0.5  # of its time: a consumer that waited this much was held back by its loader
 MIN_BATCHES = 4  # a window holds at least this many, if its time allows
 LONGEST = 3.0  # a window that has not seen MIN_BATCHES ends at this many of its lengths
 
@@ -49,7 +57,6 @@ class Probe:
         self.startup_s: float | None = None  # building its loader to its first batch
         self.warm_from: float | None = None  # the first batch of this loader
         self.warm_batches = 0
-        self.warm = _Tally()  # what this loader's warm-up delivered (this epoch's part)
         self.window_from: float | None = None  # the window's opening (this epoch's part)
         self.open = _Tally()  # the window's part in this epoch
         self.held = _Tally()  # its parts in epochs before (it pauses at each epoch end)
@@ -85,34 +92,26 @@ class Probe:
         mean = (now - self.warm_from) / self.warm_batches if self.warm_batches else 0.0
         drained = self.warm_batches >= 1 and waited > 0.25 * max(mean, 1e-3)  # nothing queued
         self.warm_batches += 1
-        w = self.warm
-        w.samples, w.batches, w.waited = w.samples + samples, w.batches + 1, w.waited + waited
-        w.seconds = now - self.warm_from
-        if self._below_while_warming():
-            self.held = replace(w)  # its figure: what the warm-up delivered
-            self.done, self.left_early = True, True
-            return
         if drained or self.warm_batches >= self.backlog or now - self.warm_from >= self.window_s:
             self.window_from = now
             self.cpu_at = self.cpu() if self.cpu is not None else None
 
-    def _below_while_warming(self) -> bool:
-        """The warm-up delivers what the workers queued while they started, on top of what
-        they make meanwhile: its rate is at least the steady one. Below the bar after half a
-        window, the steady rate is below it too: the setting is left there, not a window on."""
-        w = self.warm
-        if not self.best or w.seconds < self.window_s / 2 or w.batches < MIN_BATCHES:
+    def _slower(self, t: _Tally) -> bool:
+        """Shown slower than the best: below ``LEAVE_BELOW`` of it, with the consumer held
+        back by this loader (it waited ``HELD_BACK`` of the time or more). A consumer that
+        hardly waited was slowed by something else: the cores the workers took."""
+        if not self.best or t.seconds <= 0:
             return False
-        return w.samples / w.seconds < LEAVE_BELOW * self.best
+        held_back = t.waited >= HELD_BACK * t.seconds
+        return held_back and t.samples / t.seconds < LEAVE_BELOW * self.best
 
     def _check(self, now: float) -> None:
         total = self._total()
         enough = total.batches >= MIN_BATCHES
         if (total.seconds >= self.window_s and enough) or total.seconds >= LONGEST * self.window_s:
             self.end()
-        elif self.best and total.seconds >= self.window_s / 2 and enough:
-            if total.samples / total.seconds < LEAVE_BELOW * self.best:
-                self.end(left_early=True)
+        elif total.seconds >= self.window_s / 2 and enough and self._slower(total):
+            self.end(left_early=True)
 
     def _total(self) -> _Tally:
         h, w = self.held, self.open
@@ -143,7 +142,7 @@ class Probe:
         if self.window_from is not None:
             self.held = self._total()
             self._busy()
-        self.open, self.warm = _Tally(), _Tally()
+        self.open = _Tally()
         self.window_from = self.warm_from = None
         self.warm_batches = 0
         self.began = self.clock()
