@@ -241,26 +241,26 @@ def loader_bench_detail(doc: Path) -> str:
     return cited(rows, folders, doc)
 
 
-SENSORS = [  # (the run, its folder): autotune against recipe and the sweep's preset
-    ("150 s (30 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-150s"),
-    ("60 s (12 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-60s"),
-    ("300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-300s"),
-    ("300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-300s-b"),
-    ("300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-300s-c"),
+SENSORS = [  # (data, the run, its folder): autotune against recipe and the sweep's preset
+    ("sensors", "150 s (30 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-150s"),
+    ("sensors", "60 s (12 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-60s"),
+    ("sensors", "300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-300s"),
+    ("sensors", "300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-300s-b"),
+    ("sensors", "300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-sensors-300s-c"),
 ]
 RECIPE_TARGET = {"150 s": 3.0, "60 s": 0.95}  # autotune / recipe, by run length (issue 39)
 
 
-def autotune_runs(doc: Path, workload: str, runs: list[tuple[str, str]]) -> str:
-    """Benches of loader=autotune on one workload: the medians, autotune against recipe and
-    the sweep's preset, the tuning's seconds and each round's choice."""
+def autotune_runs(doc: Path, runs: list[tuple[str, str, str]]) -> str:
+    """Benches of loader=autotune: the medians, autotune against recipe and the sweep's
+    preset, the tuning's seconds and each round's choice."""
     rows = [
-        "| run (budget) | commit | autotune | recipe | sweep's preset | autotune / recipe |"
-        " autotune / preset (target 0.9) | choice / preset, steady | tuning s |"
-        " chosen, each round |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| data | run (budget) | commit | autotune | recipe | sweep's preset |"
+        " autotune / recipe | autotune / preset (target 0.9) | choice / preset, steady |"
+        " tuning s | chosen, each round | sweep s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for run, folder in runs:
+    for workload, run, folder in runs:
         res = json.loads((RESULTS / folder / "results.json").read_text())[workload]
         v, m = res["verdicts"], res["verdicts"]["medians"]
         chosen = [
@@ -273,33 +273,47 @@ def autotune_runs(doc: Path, workload: str, runs: list[tuple[str, str]]) -> str:
         recipe = target(versus, goal) if goal and versus else ratio(versus)
 
         rows.append(
-            f"| {run} | {short(provenance(folder)[0])} | {number(m.get('autotune'), 1)} |"
-            f" {number(m.get('recipe'), 1)} | {number(m.get('tuned'), 1)} | {recipe} |"
+            f"| {workload} | {run} | {short(provenance(folder)[0])} |"
+            f" {number(m.get('autotune'), 1)} | {number(m.get('recipe'), 1)} |"
+            f" {number(m.get('tuned'), 1)} | {recipe} |"
             f" {judged(v['autotune_vs_tuned'], 0.9)} | {ratio(v['choice_vs_tuned'])} |"
             f" {', '.join(f'{s:.0f}' for s in v['tuning_s'])} | {', '.join(chosen)} |"
+            f" {number(res.get('sweep_s'))} |"
         )
-    return cited(rows, [f for _, f in runs], doc)
+    return cited(rows, list(dict.fromkeys(f for _, _, f in runs)), doc)
 
 
 def autotune_sensors(doc: Path) -> str:
-    return autotune_runs(doc, "sensors", SENSORS)
+    return autotune_runs(doc, SENSORS)
 
 
 PHOTOS = [
-    ("300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-photos-300s"),
-    ("300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-photos-300s-c"),
+    ("photos", "300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-photos-300s"),
+    ("photos", "300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-photos-300s-c"),
 ]
 
 
 def autotune_photos(doc: Path) -> str:
-    return autotune_runs(doc, "photos", PHOTOS)
+    return autotune_runs(doc, PHOTOS)
 
 
-DOCUMENTS = [("300 s (60 s)", "2026-12-05_cpu-2core-xeon-autotune-docs-300s")]
+DOCUMENTS = [("docs", "300 s (60 s)", "2026-12-05_cpu-2core-xeon-autotune-docs-300s")]
 
 
 def autotune_docs(doc: Path) -> str:
-    return autotune_runs(doc, "docs", DOCUMENTS)
+    return autotune_runs(doc, DOCUMENTS)
+
+
+# autotune_bench's default workloads at the code whose early leave waits for the loader to
+# hold the consumer back (c776d0f): tiles is held out from that change
+LEAVE_FIX = [
+    ("tiles", "300 s (60 s)", "2026-12-05_cpu-2core-xeon-autotune-tiles-300s"),
+    ("synthetic", "300 s (60 s)", "2026-12-05_cpu-2core-xeon-autotune-synthetic-300s"),
+]
+
+
+def autotune_leave_fix(doc: Path) -> str:
+    return autotune_runs(doc, LEAVE_FIX)
 
 
 LOOPS = [  # (the example, its folder, its key in results.json)
@@ -630,6 +644,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "autotune-sensors": autotune_sensors,
     "autotune-photos": autotune_photos,
     "autotune-docs": autotune_docs,
+    "autotune-leave-fix": autotune_leave_fix,
     "loop-examples": loop_examples,
     "readme-autotune": readme_autotune,
     "readme-ranks": readme_ranks,
