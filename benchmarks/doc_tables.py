@@ -308,6 +308,7 @@ def autotune_docs(doc: Path) -> str:
 # hold the consumer back (c776d0f): tiles is held out from that change
 LEAVE_FIX = [
     ("tiles", "300 s (60 s)", "2026-12-05_cpu-2core-xeon-autotune-tiles-300s"),
+    ("synthetic", "300 s (60 s)", "2026-12-05_cpu-2core-xeon-autotune-synthetic-300s"),
 ]
 
 
@@ -350,6 +351,7 @@ AUTOTUNE = [  # (workload, run, folder): autotune in feedrate's loop, every benc
     ("photos", "300 s", "2026-12-05_cpu-2core-loop-autotune-photos-300s-c"),
     ("docs", "300 s", "2026-12-05_cpu-2core-xeon-autotune-docs-300s"),
     ("tiles", "300 s", "2026-12-05_cpu-2core-xeon-autotune-tiles-300s"),
+    ("synthetic", "300 s", "2026-12-05_cpu-2core-xeon-autotune-synthetic-300s"),
 ]
 
 
