@@ -284,25 +284,13 @@ def autotune_runs(doc: Path, runs: list[tuple[str, str, str]]) -> str:
     return cited(rows, list(dict.fromkeys(f for _, _, f in runs)), doc)
 
 
-def autotune_sensors(doc: Path) -> str:
-    return autotune_runs(doc, SENSORS)
-
-
 PHOTOS = [
     ("photos", "300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-photos-300s"),
     ("photos", "300 s (60 s)", "2026-12-05_cpu-2core-loop-autotune-photos-300s-c"),
 ]
 
 
-def autotune_photos(doc: Path) -> str:
-    return autotune_runs(doc, PHOTOS)
-
-
 DOCUMENTS = [("docs", "300 s (60 s)", "2026-12-05_cpu-2core-xeon-autotune-docs-300s")]
-
-
-def autotune_docs(doc: Path) -> str:
-    return autotune_runs(doc, DOCUMENTS)
 
 
 # autotune_bench's default workloads at the code whose early leave waits for the loader to
@@ -311,10 +299,6 @@ LEAVE_FIX = [
     ("tiles", "300 s (60 s)", "2026-12-05_cpu-2core-xeon-autotune-tiles-300s"),
     ("synthetic", "300 s (60 s)", "2026-12-05_cpu-2core-xeon-autotune-synthetic-300s"),
 ]
-
-
-def autotune_leave_fix(doc: Path) -> str:
-    return autotune_runs(doc, LEAVE_FIX)
 
 
 LOOPS = [  # (the example, its folder, its key in results.json)
@@ -644,10 +628,10 @@ def readme_sample(doc: Path) -> str:
 TABLES: dict[str, Callable[[Path], str]] = {
     "readme-results": readme_results,
     "loader-bench-detail": loader_bench_detail,
-    "autotune-sensors": autotune_sensors,
-    "autotune-photos": autotune_photos,
-    "autotune-docs": autotune_docs,
-    "autotune-leave-fix": autotune_leave_fix,
+    "autotune-sensors": functools.partial(autotune_runs, runs=SENSORS),
+    "autotune-photos": functools.partial(autotune_runs, runs=PHOTOS),
+    "autotune-docs": functools.partial(autotune_runs, runs=DOCUMENTS),
+    "autotune-leave-fix": functools.partial(autotune_runs, runs=LEAVE_FIX),
     "loop-examples": loop_examples,
     "readme-autotune": readme_autotune,
     "readme-ranks": readme_ranks,
