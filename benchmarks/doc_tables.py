@@ -298,6 +298,7 @@ DOCUMENTS = [("docs", "300 s (60 s)", "2026-12-05_cpu-2core-xeon-autotune-docs-3
 LEAVE_FIX = [
     ("tiles", "300 s (60 s)", "2026-12-05_cpu-2core-xeon-autotune-tiles-300s"),
     ("synthetic", "300 s (60 s)", "2026-12-05_cpu-2core-xeon-autotune-synthetic-300s"),
+    ("photos", "300 s (60 s)", "2026-12-05_cpu-2core-xeon-autotune-photos-300s"),
 ]
 
 
@@ -337,6 +338,7 @@ AUTOTUNE = [  # (workload, run, folder): autotune in feedrate's loop, every benc
     ("docs", "300 s", "2026-12-05_cpu-2core-xeon-autotune-docs-300s"),
     ("tiles", "300 s", "2026-12-05_cpu-2core-xeon-autotune-tiles-300s"),
     ("synthetic", "300 s", "2026-12-05_cpu-2core-xeon-autotune-synthetic-300s"),
+    ("photos", "300 s", "2026-12-05_cpu-2core-xeon-autotune-photos-300s"),
 ]
 
 
