@@ -172,6 +172,7 @@ LOADER_BENCH = [  # (folder, its figures): every run of loader_bench.py, in the 
     ("2026-12-05_cpu-2core-xeon-loader-bench-synthetic_loader", "bench.json"),
     ("2026-12-05_cpu-2core-xeon-loader-bench-photos", "bench.json"),
     ("2026-12-05_cpu-2core-xeon-loader-bench-unseen", "bench.json"),
+    ("2026-12-06_cpu-2core-xeon-loader-bench-synthetic", "bench.json"),
 ]
 
 
