@@ -21,6 +21,7 @@ from .conftest import CONF, run_cli
 REQUIRED = {
     ("dataset", "image_folder"): ["dataset.root=/data/train"],
     ("dataset", "custom"): ["dataset._target_=examples.sleepy.SleepyDataset"],
+    ("model", "custom"): ["model._target_=examples.detection.TinyDetector"],
 }
 
 

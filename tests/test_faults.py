@@ -587,7 +587,7 @@ def test_samples_the_collate_cannot_batch_are_named(tmp_path, cls, workers, expe
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     out = proc.stdout + proc.stderr
-    assert expected in out and ("collate_fn" in out), out[-2000:]
+    assert expected in out and "loader.collate_fn._target_=" in out, out[-2000:]
     assert "Traceback" not in out
 
 

@@ -29,6 +29,9 @@ def execution_whitelist(target: str | None) -> list[str]:
     return [*BUILT_IN_TARGETS, *([str(target)] if target else [])]
 
 
+DEFAULT_COLLATE = "torch.utils.data.default_collate"
+
+
 class StartMethod(Enum):
     """``multiprocessing`` start methods for DataLoader workers."""
 
@@ -141,6 +144,10 @@ class LoaderConfig:
     # num_workers and main_threads are each rank's under torchrun (a preset from
     # sweep.ranks_per_node > 1); false: the machine's, split between the ranks on it
     per_rank: bool = False
+    # The collate function, by import path: PyTorch's default_collate, or your own
+    # (loader.collate_fn._target_=pkg.collate; other keys bound by keyword) for batches of
+    # any structure, such as boxes that vary in number
+    collate_fn: Any = field(default_factory=lambda: {"_target_": DEFAULT_COLLATE})
     # loader=auto: the run picks the preset measured on this machine and workload
     auto: bool = False
     # loader=autotune: the run tunes the loader while it trains (trainer.autotune)
@@ -296,6 +303,9 @@ class TrainerConfig:
     warmup_steps: int = 20
     window_steps: int = 20
     max_seconds: float | None = None
+    # What turns a batch into a loss (feedrate.steps): today's classification step, or your
+    # own function by import path (trainer.step._target_=pkg.steps.my_step)
+    step: Any = field(default_factory=lambda: {"_target_": "feedrate.steps.classify"})
     optimizer: Optimizer = Optimizer.sgd
     lr: float = 0.05
     momentum: float = 0.9

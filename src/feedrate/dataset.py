@@ -186,15 +186,23 @@ def build_memmap(
     return MemmapDataset(target, image_size)
 
 
-def num_classes(dataset: Dataset) -> int:
-    """Classes in ``dataset``, from its ``classes`` list or ``num_classes`` attribute."""
+def known_classes(dataset: Dataset) -> int | None:
+    """Classes in ``dataset``, from its ``classes`` list or ``num_classes`` attribute; None
+    where it names neither."""
     n = getattr(dataset, "num_classes", None)
     if n is None and getattr(dataset, "classes", None) is not None:
         n = len(dataset.classes)
-    if not isinstance(n, int) or n < 1:
+    return n if isinstance(n, int) and n >= 1 else None
+
+
+def num_classes(dataset: Dataset) -> int:
+    """Classes in ``dataset``, which a model that takes ``num_classes`` needs."""
+    n = known_classes(dataset)
+    if n is None:
         raise DatasetError(
-            f"dataset {type(dataset).__qualname__} does not say how many classes it has;"
-            " give it a `classes` list or a `num_classes` int attribute"
+            f"dataset {type(dataset).__qualname__} does not say how many classes it has, and"
+            " the model takes num_classes: give the dataset a `classes` list or a"
+            " `num_classes` int attribute, or give the model its own (+model.num_classes=N)"
         )
     return n
 

@@ -23,6 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from feedrate import hardware, provenance
+from feedrate.batch import describe, nbytes
 from feedrate.checks import start_method, unpicklable, validate
 from feedrate.dataset import build_dataset
 from feedrate.errors import FeedrateError
@@ -178,16 +179,18 @@ def _check_dataset(
     t0 = time.perf_counter()
     try:
         dataset = build_dataset(cfg.dataset)
-        sample, _ = next(iter(dataset)) if is_stream(dataset) else dataset[0]
+        sample = next(iter(dataset)) if is_stream(dataset) else dataset[0]
     except Exception as exc:  # noqa: BLE001 - the doctor reports, it does not stop
         report.line("unsafe", "build", f"{type(exc).__name__}: {exc}")
         return None
-    sample_bytes = sample.element_size() * sample.nelement()
+    sample_bytes = nbytes(sample)
+    image = sample[0] if isinstance(sample, (tuple, list)) and len(sample) == 2 else None
+    shown = f"{tuple(image.shape)} {image.dtype}" if hasattr(image, "shape") else describe(sample)
     batch = cfg.loader.batch_size
     report.line(
         "ok",
         "build",
-        f"{length(dataset) or 'a stream of ?'} samples of {tuple(sample.shape)} {sample.dtype}"
+        f"{length(dataset) or 'a stream of ?'} samples of {shown}"
         f" ({_mb(sample_bytes * batch)} a batch of {batch}),"
         f" built in {time.perf_counter() - t0:.1f} s",
     )

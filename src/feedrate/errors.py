@@ -26,6 +26,11 @@ class SampleError(FeedrateError):
     from a worker process in the main one."""
 
 
+class CollateError(FeedrateError):
+    """The collate function named in ``loader.collate_fn`` failed on a batch. One string
+    argument, as :class:`SampleError`, to cross from a worker."""
+
+
 # What PyTorch raises in a forked worker that touches CUDA the parent had initialised: not a
 # bad sample (every one would fail), but the start method (faults.diagnose names it)
 CUDA_AFTER_FORK = "Cannot re-initialize CUDA in forked subprocess"

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from feedrate.errors import CUDA_AFTER_FORK, DatasetError, FeedrateError, SampleError
+from feedrate.errors import (
+    CUDA_AFTER_FORK,
+    CollateError,
+    DatasetError,
+    FeedrateError,
+    SampleError,
+)
 from feedrate.hardware import shm_bytes
 
 
@@ -83,6 +89,7 @@ def _mb(x: float) -> str:
     return f"{x / 2**20:,.0f} MB"
 
 
+COLLATE_FIX = "loader.collate_fn._target_=my_pkg.data.collate, docs/custom.md"
 _UNEQUAL = re.compile(
     r"stack expects each tensor to be equal size, but got (\[[^\]]*\]) at entry (\d+)"
     r" and (\[[^\]]*\]) at entry (\d+)"
@@ -100,7 +107,8 @@ def _collate_problem(text: str) -> DatasetError | None:
             f" {other} (entry {j}); the DataLoader's default collate stacks a batch into one"
             " tensor, so every sample must have one shape. Give the dataset a fixed-size"
             " transform (Resize + CenterCrop, or RandomResizedCrop, to dataset.image_size), or"
-            " a collate_fn that pads the samples; loader.batch_size=1 runs it as it is"
+            " name a collate function that pads them or keeps them as a list"
+            f" ({COLLATE_FIX}); loader.batch_size=1 runs it as it is"
         )
     unbatchable = _UNBATCHABLE.search(text)
     if unbatchable:
@@ -113,7 +121,8 @@ def unbatchable_sample(found: str, kinds: str = "tensors, numpy arrays, numbers"
     return DatasetError(
         f"a sample holds a {found}, which the DataLoader's default collate cannot batch (it"
         f" takes {kinds}): convert it in the dataset (for an image, torchvision's"
-        " transforms.v2.PILToTensor or ToImage), or give the loader a collate_fn for it"
+        f" transforms.v2.PILToTensor or ToImage), or name a collate function for it"
+        f" ({COLLATE_FIX})"
     )
 
 
@@ -136,6 +145,9 @@ def diagnose(exc: BaseException, ctx: Context) -> FeedrateError | None:
             " touched CUDA: keep dataset tensors on the CPU (move batches to the device in the"
             " training loop, as feedrate does), or use loader.multiprocessing_context=spawn"
         )
+    if isinstance(exc, CollateError) or "CollateError: " in text:
+        lines = [ln for ln in text.splitlines() if "CollateError: " in ln]
+        return CollateError(lines[-1].split("CollateError: ", 1)[-1] if lines else str(exc))
     if isinstance(exc, SampleError) or "SampleError" in text:
         lines = [ln for ln in str(exc).splitlines() if "could not be loaded" in ln]
         message = lines[-1].split("SampleError: ", 1)[-1] if lines else str(exc)

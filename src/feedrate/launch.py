@@ -30,6 +30,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from feedrate import autotune, checkpoint, distributed, environment, hardware, provenance
+from feedrate.batch import nbytes
 from feedrate.checks import validate
 from feedrate.errors import ConfigError, FeedrateError, Interrupted
 from feedrate.faults import LoaderFailure, diagnose
@@ -376,6 +377,7 @@ def _train_guarded(
                     cfg, provenance.Here.of(cfg, run.fingerprint, run.hw)
                 ),
                 ranks=run.ranks,
+                step=work.step,
             )
         except Exception as exc:
             _raise_named(exc, work, monitor)
@@ -457,7 +459,7 @@ def _write_metrics(
         "loader": work.loader_args,
         "torch_threads": torch.get_num_threads(),
         "dataset_len": length(work.dataset),
-        "sample_bytes": sample.element_size() * sample.nelement(),
+        "sample_bytes": nbytes(sample),
         "num_classes": work.num_classes,
         "torch": torch.__version__,
         "date": datetime.now().isoformat(timespec="seconds"),

@@ -16,10 +16,10 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import (
     DataLoader,
     Dataset,
@@ -33,9 +33,13 @@ from torch.utils.data._utils import signal_handling as torch_signals
 from torch.utils.data._utils.collate import default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from feedrate import targets
+from feedrate.batch import describe
 from feedrate.checks import check_picklable, start_method
+from feedrate.config import DEFAULT_COLLATE
 from feedrate.decode import is_encoded
 from feedrate.distributed import shard
+from feedrate.errors import CollateError
 from feedrate.faults import SEND_FAILED, send_failure_exit
 from feedrate.hardware import Hardware, usable_cores
 from feedrate.stream import Repeated, is_resumable, is_stream
@@ -75,6 +79,9 @@ def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
         "timeout": cfg.timeout,
         "persistent_workers": cfg.persistent_workers,
     }
+    named = cfg.get("collate_fn")
+    if named is not None and named.get("_target_") != DEFAULT_COLLATE:  # build_loader wraps it
+        kwargs["collate_fn"] = OmegaConf.to_container(named, resolve=True)
     decode = getattr(cfg.get("decode"), "value", cfg.get("decode"))
     if decode and decode != "cpu":
         kwargs["decode"] = decode  # not the DataLoader's: the workload's (feedrate.decode)
@@ -90,9 +97,11 @@ class CountingCollate:
     not the start-up backlog training eats at compute speed) and what ``dataset.on_error=skip``
     dropped. One shared-memory row per worker and one for the main process: no locks."""
 
-    def __init__(self, num_workers: int, encoded: bool = False) -> None:
+    def __init__(self, num_workers: int, encoded: bool = False, named: dict | None = None) -> None:
         self.encoded = encoded  # loader.decode=device: images are JPEG bytes of any length
         self.counts = torch.zeros(num_workers + 1, 2, dtype=torch.int64).share_memory_()
+        self.named = named  # loader.collate_fn: the user's, as the config names it
+        self.collate = user_collate(named) if named else None
 
     def __call__(self, batch: list) -> object:
         kept = [b for b in batch if b is not None]
@@ -101,13 +110,35 @@ class CountingCollate:
         row[1] += len(batch) - len(kept)
         if not kept:
             return None  # every sample of this batch was skipped
-        if self.encoded and is_encoded(kept[0][0]):  # a list: the lengths differ
+        if self.collate is not None:
+            out = self._named(kept)
+        elif self.encoded and is_encoded(kept[0][0]):  # a list: the lengths differ
             out = [x for x, _ in kept], default_collate([y for _, y in kept])
         else:
             out = default_collate(kept)
         if info is not None:
             row[0] += len(kept)
         return out
+
+    def _named(self, kept: list) -> object:
+        try:
+            return self.collate(kept)
+        except Exception as exc:  # noqa: BLE001 - the user's function: named, with its input
+            target = self.named.get("_target_")
+            raise CollateError(
+                f"loader.collate_fn._target_={target} failed on a batch of {len(kept)} samples"
+                f" ({describe(kept[0])} each): {type(exc).__name__}: {exc}. Fix the function;"
+                " try it on two samples: collate([dataset[0], dataset[1]])"
+            ) from exc
+
+
+def user_collate(named: dict) -> Callable[[list], object]:
+    """The collate function ``loader.collate_fn`` names, its other keys bound by keyword."""
+    target = str(named.get("_target_"))
+    fn = targets.load("loader.collate_fn", target)
+    given = {k: v for k, v in named.items() if k not in targets.META}
+    targets.check_keys("loader.collate_fn", target, fn, given)
+    return functools.partial(fn, **given) if given else fn
 
 
 def produced_samples(loader: DataLoader) -> int | None:
@@ -142,6 +173,7 @@ def build_loader(
     kwargs = dict(kwargs)
     threads = kwargs.pop("worker_threads", None)
     encoded = kwargs.pop("decode", None) == "device"
+    named = kwargs.pop("collate_fn", None)  # the user's, counted as the default is
     workers = kwargs["num_workers"]
     if workers > 0:
         check_picklable(dataset, kwargs["multiprocessing_context"])
@@ -163,7 +195,7 @@ def build_loader(
         return kind(
             Repeated(dataset) if stream else dataset,
             generator=generator,
-            collate_fn=CountingCollate(workers, encoded),
+            collate_fn=CountingCollate(workers, encoded, named),
             worker_init_fn=init,
             **kwargs,
         )
@@ -174,7 +206,7 @@ def build_loader(
             dataset,
             batch_sampler=batch_sampler,
             generator=generator,
-            collate_fn=CountingCollate(workers, encoded),
+            collate_fn=CountingCollate(workers, encoded, named),
             worker_init_fn=init,
             **kwargs,
         )
@@ -195,7 +227,7 @@ def build_loader(
     return _Loader(
         dataset,
         generator=generator,
-        collate_fn=CountingCollate(workers, encoded),
+        collate_fn=CountingCollate(workers, encoded, named),
         worker_init_fn=init,
         **kwargs,
     )

@@ -202,7 +202,8 @@ class Meter:
         self.done = False  # measuring is over: out of time, or abandoned
         self._loss_sum = torch.zeros((), device=device)
         self._correct = torch.zeros((), device=device, dtype=torch.long)
-        self._seen = 0  # samples behind the window's loss and accuracy
+        self._seen = 0  # samples behind the window's loss
+        self._scored = 0  # ... and its accuracy (those whose step gave logits and labels)
         self._warm_end: int | None = None  # the step after which the clock runs
         self._measure_start = 0.0
         self._produced_at_start: int | None = None
@@ -278,7 +279,9 @@ class Meter:
         self._step = step
         if loss is not None:
             self._loss_sum += loss.detach().float() * samples
+        if logits is not None and targets is not None:  # a step that gives them: accuracy
             self._correct += (logits.detach().argmax(1) == targets).sum()
+            self._scored += samples
         self._seen += samples
         if self._warm_end is None:
             now = self.clock()  # did the step wait for its batch most of the time?
@@ -411,7 +414,8 @@ class Meter:
             self.times.window_rates.append(self._window_samples / span)
         if self.measure is not Measure.loader:  # no model ran: no loss to report
             self.final_loss = self._loss_sum.item() / max(self._seen, 1)
-            self.train_accuracy = self._correct.item() / max(self._seen, 1)
+            scored = self._scored
+            self.train_accuracy = self._correct.item() / scored if scored else None
         if self.bar is not None:
             self.bar.set_postfix(
                 {
@@ -429,7 +433,7 @@ class Meter:
     def _reset_loss(self) -> None:
         self._loss_sum.zero_()
         self._correct.zero_()
-        self._seen = 0
+        self._seen = self._scored = 0
 
 
 def sustained(cfg: Any) -> bool:
@@ -477,7 +481,7 @@ class TrainResult:
     steps: int
     epochs_started: int
     final_loss: float
-    train_accuracy: float
+    train_accuracy: float | None  # None: the step gave no logits and labels
     position: Position  # where training stopped: what the final checkpoint records
     warmup: dict = field(default_factory=dict)  # how the warm-up ended (WarmUp.as_dict)
     abandoned: str = ""  # why measuring stopped early, if it did

@@ -195,11 +195,11 @@ def format_summary(m: dict) -> str:
     cpu = f"{m['cpu_util']:.0%}" if m.get("cpu_util") is not None else "?"
     if m.get("other_cpu_frac") is not None:
         cpu += f" ({m['other_cpu_frac']:.0%} by other processes)"
-    val = (
-        f"; held out: loss {m['val_loss']:.3f}, accuracy {m['val_accuracy']:.1%}"
-        if m.get("val_accuracy") is not None
-        else ""
-    )
+    val = ""
+    if m.get("val_loss") is not None:
+        val = f"; held out: loss {m['val_loss']:.3f}"
+        if m.get("val_accuracy") is not None:
+            val += f", accuracy {m['val_accuracy']:.1%}"
     return "\n".join(
         [
             f"samples/s        {_shown(m['samples_per_sec'], ',.1f')}{spread}",
@@ -210,13 +210,7 @@ def format_summary(m: dict) -> str:
             f"CPU busy         {cpu}",
             f"memory (PSS)     {m['peak_pss_mb']:,.0f} MB peak over {m['peak_processes']} processes"
             f" (main {m['peak_main_pss_mb']:,.0f} MB); /dev/shm peak {m['peak_shm_mb']:,.1f} MB",
-            "loss / accuracy  "
-            + (
-                f"{m['final_loss']:.3f} / {m['train_accuracy']:.1%}"
-                if m.get("final_loss") is not None
-                else "n/a (trainer.measure=loader: no model step)"
-            )
-            + val,
+            "loss / accuracy  " + _loss_line(m) + val,
             f"verdict          {m['bound'].upper()}: {m['evidence']}",
             *(
                 [
@@ -228,3 +222,11 @@ def format_summary(m: dict) -> str:
             ),
         ]
     )
+
+
+def _loss_line(m: dict) -> str:
+    if m.get("final_loss") is None:
+        return "n/a (trainer.measure=loader: no model step)"
+    if m.get("train_accuracy") is None:
+        return f"{m['final_loss']:.3f} / n/a (the step gives no logits and labels)"
+    return f"{m['final_loss']:.3f} / {m['train_accuracy']:.1%}"

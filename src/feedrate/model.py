@@ -6,10 +6,12 @@ from collections.abc import Callable
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from feedrate import targets
 from feedrate.config import execution_whitelist
+from feedrate.errors import ConfigError
 
 
 class TinyCNN(nn.Module):
@@ -60,8 +62,32 @@ class PooledLinear(nn.Module):
         return self.head(torch.flatten(x, 1))
 
 
-def build_model(cfg: DictConfig, num_classes: int) -> nn.Module:
+def check_model(cfg: DictConfig) -> tuple[Callable[..., nn.Module], list[str]]:
+    """The class ``cfg`` names, with the keys given for it, checked against its signature
+    (before any data is built); ConfigError naming the key otherwise."""
+    target = cfg.get("_target_")
+    cls = targets.load("model", target)
+    given = [k for k in cfg if k not in targets.META]
+    builtin = str(target).startswith(("feedrate.", "torchvision."))
+    hint = "" if builtin else f"; for a model of your own: model=custom model._target_={target}"
+    targets.check_keys("model", str(target), cls, given, hint)
+    return cls, given
+
+
+def build_model(cfg: DictConfig, num_classes: Callable[[], int]) -> nn.Module:
+    """The model ``cfg`` names: its keys checked against the class first, and the dataset's
+    class count (``num_classes()``, read only then) passed where the class takes it."""
+    target = cfg.get("_target_")
+    cls, given = check_model(cfg)
+    classes = targets.accepts(cls, "num_classes") and "num_classes" not in given
+    need = targets.missing(cls, [*given, *(["num_classes"] * classes)])
+    if need:
+        raise ConfigError(
+            f"model._target_={target} needs {need[0]}, which the config does not give:"
+            f" add it with +model.{need[0]}=<value>"
+        )
     factory: Callable[..., nn.Module] = instantiate(
-        cfg, _execution_whitelist_=execution_whitelist(cfg.get("_target_"))
+        {**OmegaConf.to_container(cfg, resolve=True), "_partial_": True},
+        _execution_whitelist_=execution_whitelist(target),
     )
-    return factory(num_classes=num_classes)
+    return factory(**({"num_classes": num_classes()} if classes else {}))

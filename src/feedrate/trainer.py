@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from feedrate import distributed
+from feedrate.batch import batch_len, to_device
 from feedrate.checkpoint import Position
 from feedrate.config import Measure
 from feedrate.drift import DriftGuard
@@ -28,6 +29,7 @@ from feedrate.hardware import Hardware
 from feedrate.loader import loader_state, produced_samples
 from feedrate.meter import Meter, TrainResult
 from feedrate.monitor import ResourceMonitor
+from feedrate.steps import Output, Step
 from feedrate.stream import is_stream, nothing_here
 from feedrate.tuning import TuningLoader
 from feedrate.tuning.loader import MIN_BUDGET_S
@@ -127,18 +129,18 @@ def _step(
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
     hw: Hardware,
-    x: torch.Tensor,
-    y: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimiser step on a device batch; returns the loss and the logits."""
+    step: Step,
+    batch: Any,
+    normalise: Callable[..., torch.Tensor],
+) -> Output:
+    """One optimiser step on a device batch: the loss ``step`` makes of it, backward, update."""
     with torch.autocast(hw.device.type, dtype=hw.amp_dtype, enabled=hw.amp_dtype is not None):
-        out = model(x)
-        loss = nn.functional.cross_entropy(out, y)
+        out = step(model, batch, normalise)
     optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()
+    scaler.scale(out.loss).backward()
     scaler.step(optimizer)
     scaler.update()
-    return loss, out
+    return out
 
 
 def _save_if_due(
@@ -193,7 +195,7 @@ class _Where:
         )
 
 
-Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
+Batches = Iterator[Any]  # any structure the collate function makes, on the device
 
 
 def _epoch_batches(
@@ -238,14 +240,16 @@ def _epoch_batches(
         where.samples += per_batch
         if batch is None:  # dataset.on_error=skip dropped every sample of it
             continue
-        x, y = batch
         if decode is not None:  # loader.decode=device: the input pipeline's last stage
-            x = decode(x)
+            batch = _decoded(batch, decode)
         meter().batch_arrived()
-        yield (
-            x.to(hw.device, non_blocking=hw.non_blocking),
-            y.to(hw.device, non_blocking=hw.non_blocking),
-        )
+        yield to_device(batch, hw.device, hw.non_blocking)
+
+
+def _decoded(batch: Any, decode: Callable[[list], torch.Tensor]) -> Any:
+    """A batch of JPEG bytes and labels with its images decoded (``dataset=photos``)."""
+    images, labels = batch
+    return decode(images), labels
 
 
 def _empty_epoch(loader: DataLoader, streaming: bool) -> DatasetError:
@@ -439,6 +443,7 @@ def train(
     decode: Callable[[list], torch.Tensor] | None = None,
     preset_wait: float | None = None,
     ranks: distributed.Ranks | None = None,
+    step: Step | None = None,
 ) -> TrainResult:
     """Train for ``planned_steps``, timed by a :class:`~feedrate.meter.Meter`.
 
@@ -466,6 +471,11 @@ def train(
     def position() -> Position:
         return where.position(scaler, loader, meter.tuned)
 
+    step = step or Step(None)
+    per_batch = getattr(loader, "batch_size", None) or 1
+    # a batch reused for every step (measure=compute) must survive its normalisation
+    prepare = functools.partial(normalise, inplace=measure is not Measure.compute)
+
     with _uneven_inputs(model, streaming):
         while stopped_at is None:
             meter().epoch_started()
@@ -473,14 +483,15 @@ def train(
             resumed, resume = resume is not None, None  # only the first epoch resumes part-way
             if measure is Measure.compute:
                 batches = _resident(batches, meter)
-            for x, y in batches:
-                loss = logits = None
-                if measure is not Measure.loader:
-                    inputs = normalise(x, inplace=measure is not Measure.compute)
-                    loss, logits = _step(model, optimizer, scaler, hw, inputs, y)
+            for batch in batches:
+                out = Output(None) if measure is Measure.loader else None
+                if out is None:
+                    out = _step(model, optimizer, scaler, hw, step, batch, prepare)
                 where.step += 1
-                trained += len(y)
-                done = meter.step_done(meter().step_done(where.step, len(y), loss, logits, y))
+                n = batch_len(batch) or per_batch
+                trained += n
+                scored = (out.loss, out.logits, out.labels)
+                done = meter.step_done(meter().step_done(where.step, n, *scored))
                 bar.update(1)
                 if monitor.tripped:  # the memory guard: stop before the OOM killer does
                     raise LoaderFailure(monitor.tripped)
@@ -514,25 +525,29 @@ def evaluate(
     hw: Hardware,
     normalise: Callable[..., torch.Tensor],
     decode: Callable[[list], torch.Tensor] | None = None,
+    step: Step | None = None,
 ) -> tuple[float | None, float | None]:
-    """(mean loss, accuracy) of ``model`` over ``loader``, in eval mode; None if empty."""
+    """(mean loss, accuracy) of ``model`` over ``loader``, in eval mode, by the training
+    step; None if empty, and no accuracy where the step gives no logits and labels."""
+    step = step or Step(None)
     model.eval()
     loss_sum = torch.zeros((), device=hw.device)
     correct = torch.zeros((), device=hw.device, dtype=torch.long)
-    seen = 0
+    seen = scored = 0
     for batch in loader:
         if batch is None:
             continue
-        x, y = batch
-        x = decode(x) if decode is not None else x
-        x = normalise(x.to(hw.device, non_blocking=hw.non_blocking))
-        y = y.to(hw.device, non_blocking=hw.non_blocking)
+        batch = _decoded(batch, decode) if decode is not None else batch
+        batch = to_device(batch, hw.device, hw.non_blocking)
+        n = batch_len(batch) or 1
         with torch.autocast(hw.device.type, dtype=hw.amp_dtype, enabled=hw.amp_dtype is not None):
-            out = model(x)
-            loss_sum += nn.functional.cross_entropy(out, y, reduction="sum").float()
-        correct += (out.argmax(1) == y).sum()
-        seen += len(y)
+            out = step(model, batch, normalise, training=False)
+        loss_sum += out.loss.detach().float() * n
+        if out.scored:
+            correct += (out.logits.argmax(1) == out.labels).sum()
+            scored += n
+        seen += n
     model.train()
     if seen == 0:
         return None, None
-    return loss_sum.item() / seen, correct.item() / seen
+    return loss_sum.item() / seen, correct.item() / scored if scored else None

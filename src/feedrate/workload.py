@@ -7,6 +7,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,14 +16,17 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from feedrate import checkpoint, distributed
-from feedrate.config import Optimizer
-from feedrate.dataset import GuardedDataset, build_dataset, num_classes, split
+from feedrate.batch import describe, nbytes
+from feedrate.config import DEFAULT_COLLATE, Optimizer
+from feedrate.dataset import GuardedDataset, build_dataset, known_classes, num_classes, split
 from feedrate.decode import BatchDecoder, bytes_only
 from feedrate.distributed import Ranks
+from feedrate.errors import ConfigError
 from feedrate.faults import Context, check_shm, unbatchable_sample
 from feedrate.hardware import Hardware
 from feedrate.loader import build_loader, loader_kwargs
-from feedrate.model import build_model
+from feedrate.model import build_model, check_model
+from feedrate.steps import Step
 from feedrate.stream import (
     GuardedStream,
     check_split_by_worker,
@@ -86,13 +90,14 @@ class Workload:
     dataset: Dataset
     train_set: GuardedDataset
     val_set: Dataset | None
-    sample: torch.Tensor  # the first one: shapes the model, sizes the loader's memory
-    num_classes: int
+    sample: Any  # the first one, as the dataset returns it: sizes the loader's memory
+    num_classes: int | None  # None: the dataset names no classes (and the model takes none)
     model: nn.Module
     optimizer: torch.optim.Optimizer
     loader: DataLoader
     loader_args: dict
     normalise: Callable[..., torch.Tensor]
+    step: Step  # trainer.step: what turns a batch into a loss
     context: Context  # what a failure's diagnosis reads
     decode: Callable[[list], torch.Tensor] | None = None  # loader.decode=device: a batch's JPEGs
     split_checked: bool = False  # a stream was checked to split its work between workers
@@ -103,8 +108,8 @@ class Built:
     """What building costs, kept by a warm trial host between trials (:class:`Kept`)."""
 
     dataset: Dataset
-    classes: int
-    sample: torch.Tensor
+    classes: int | None
+    sample: Any
     model: nn.Module
     weights: dict[str, torch.Tensor]  # the model as built: parameters and buffers (BN's)
     rng: dict  # every random generator, as building left them
@@ -139,11 +144,11 @@ def _build_parts(cfg: DictConfig, hw: Hardware, kept: Kept | None) -> Built:
     if built is not None:
         return built
     dataset = build_dataset(cfg.dataset)
-    classes = num_classes(dataset)
     sample = _first_sample(dataset)
     if getattr(cfg.loader.decode, "value", cfg.loader.decode) == "device":
         bytes_only(dataset)  # after the first sample, which sizes the model decoded
-    model = build_model(cfg.model, classes).to(hw.device)
+    model = build_model(cfg.model, lambda: num_classes(dataset)).to(hw.device)
+    classes = known_classes(dataset)
     if hw.channels_last:
         model = model.to(memory_format=torch.channels_last)
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -156,15 +161,18 @@ def _build_parts(cfg: DictConfig, hw: Hardware, kept: Kept | None) -> Built:
 def build(cfg: DictConfig, hw: Hardware, ranks: Ranks, kept: Kept | None = None) -> Workload:
     """Dataset, split, model (DDP under torchrun), optimizer and loader; with ``kept`` (a
     warm trial host's), the dataset and model it built before."""
+    step = Step(cfg.trainer.step)  # the user's targets checked before any data is built
+    check_model(cfg.model)
     parts = _build_parts(cfg, hw, kept)
     dataset, classes, sample = parts.dataset, parts.classes, parts.sample
+    image = images_of(sample, step, cfg.loader)
     train_set, val_set = split(dataset, cfg.trainer.val_fraction, cfg.trainer.seed)
     on_error = cfg.dataset.get("on_error", "raise")
     streaming = is_stream(dataset)
     train_set = (GuardedStream if streaming else GuardedDataset)(train_set, on_error)
     decoder = None
     if getattr(cfg.loader.decode, "value", cfg.loader.decode) == "device":
-        decoder = BatchDecoder(hw.device, sample.shape[-1])
+        decoder = BatchDecoder(hw.device, image.shape[-1])
     model = distributed.wrap(parts.model, ranks, hw)
     args = _loader_args(cfg.loader, hw, ranks)
     if streaming:  # it shuffles itself, in a buffer
@@ -174,14 +182,14 @@ def build(cfg: DictConfig, hw: Hardware, ranks: Ranks, kept: Kept | None = None)
         check_split_by_worker(train_set.dataset, args["multiprocessing_context"])
     size = length(dataset)
     log.info(
-        "dataset %s: %s samples%s, %d classes, sample %s %s; loader %s",
+        "dataset %s: %s samples%s, %s classes, sample %s; loader %s",
         *(type(dataset).__name__, "?" if size is None else size, " (a stream)" * streaming),
-        *(classes, tuple(sample.shape), sample.dtype, args),
+        *("no" if classes is None else classes, _shown(sample, image), args),
     )
     context = Context(
         num_workers=args["num_workers"],
         prefetch_factor=cfg.loader.prefetch_factor,
-        batch_bytes=cfg.loader.batch_size * sample.element_size() * sample.nelement(),
+        batch_bytes=cfg.loader.batch_size * nbytes(sample),
         peak_pss_mb=0.0,
         timeout_s=cfg.loader.timeout,
     )
@@ -196,7 +204,8 @@ def build(cfg: DictConfig, hw: Hardware, ranks: Ranks, kept: Kept | None = None)
         optimizer=build_optimizer(cfg.trainer, model),
         loader=build_loader(train_set, args, cfg.trainer.seed, cfg.trainer.stream, ranks),
         loader_args=args,
-        normalise=make_input_transform(hw, sample.shape[0]),
+        normalise=make_input_transform(hw, image.shape[0] if image is not None else 3),
+        step=step,
         context=context,
         decode=decoder,
         split_checked=checked,
@@ -243,19 +252,40 @@ def candidate_loader(
     return built
 
 
-def _first_sample(dataset: Dataset) -> torch.Tensor:
+def _first_sample(dataset: Dataset) -> Any:
+    """The dataset's first sample, as it returns it."""
     if is_stream(dataset):
         first = next(iter(GuardedStream(dataset, "raise")), None)
         if first is None:
             raise nothing_here(dataset)
-        sample, _ = first
-    else:
-        sample, _ = GuardedDataset(dataset, "raise")[0]
-    if isinstance(sample, np.ndarray):  # the default collate batches it as a tensor
-        sample = torch.as_tensor(sample)
-    if not isinstance(sample, torch.Tensor):  # the model and the loader's sizing need one
-        raise unbatchable_sample(repr(type(sample)))
-    return sample
+        return first
+    return GuardedDataset(dataset, "raise")[0]
+
+
+def images_of(sample: Any, step: Step, loader: DictConfig) -> torch.Tensor | None:
+    """The image of an ``(image, label)`` sample, which shapes the normalisation; None for
+    a sample of another structure, which only a step of the user's own can train."""
+    pair = isinstance(sample, (tuple, list)) and len(sample) == 2
+    image = sample[0] if pair else None
+    if isinstance(image, np.ndarray):  # the default collate batches it as a tensor
+        image = torch.as_tensor(image)
+    if isinstance(image, torch.Tensor):
+        return image
+    own_collate = loader.collate_fn.get("_target_") != DEFAULT_COLLATE
+    if pair and not own_collate:  # the model and the loader's sizing need one
+        raise unbatchable_sample(repr(type(image)))
+    if step.classifies:
+        raise ConfigError(
+            f"the training step trainer.step._target_={step.target} trains (image, label)"
+            f" samples, and the dataset's first sample is {describe(sample)}: name a step of"
+            " your own that turns such a batch into a loss (trainer.step._target_="
+            "my_pkg.steps.my_step, docs/custom.md)"
+        )
+    return None
+
+
+def _shown(sample: Any, image: torch.Tensor | None) -> str:
+    return f"{tuple(image.shape)} {image.dtype}" if image is not None else describe(sample)
 
 
 def _loader_args(loader: DictConfig, hw: Hardware, ranks: Ranks) -> dict:
@@ -281,4 +311,4 @@ def evaluate_held_out(
     args = {**work.loader_args, "drop_last": False, "persistent_workers": False, "shuffle": False}
     on_error = cfg.dataset.get("on_error", "raise")
     loader = build_loader(GuardedDataset(work.val_set, on_error), args, cfg.trainer.seed)
-    return evaluate(work.model, loader, hw, work.normalise, work.decode)
+    return evaluate(work.model, loader, hw, work.normalise, work.decode, work.step)

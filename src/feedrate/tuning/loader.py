@@ -28,6 +28,7 @@ import psutil
 import torch
 from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler
 
+from feedrate.batch import batch_len
 from feedrate.errors import ConfigError
 from feedrate.tuning.policy import Choice, Climb, Figure, Machine, Setting, worker_bound
 from feedrate.tuning.probe import Probe
@@ -480,7 +481,7 @@ class TuningLoader(Saved):
     def _samples(self, batch: Any) -> int:
         if not self.stream:
             return len(self._plan.batches[self._pos])
-        return _batch_len(batch) or self.batch_size
+        return batch_len(batch) or self.batch_size
 
     def _workload(self) -> dict:
         """What a preset records of the data it was measured on."""
@@ -554,20 +555,6 @@ def _loader_failure(exc: Exception, is_start: bool) -> str:
         raise exc
     first = (message.splitlines() or [""])[0]
     return f"{type(exc).__name__}: {first}"
-
-
-def _batch_len(batch: Any) -> int | None:
-    """Samples in a batch of any structure the collate function makes: its first tensor's."""
-    if isinstance(batch, torch.Tensor):
-        return len(batch) if batch.dim() else None
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        for part in batch:
-            n = _batch_len(part)
-            if n is not None:
-                return n
-    return None
 
 
 def _set_epoch(sampler: Any, epoch: int) -> None:

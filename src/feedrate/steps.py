@@ -1,0 +1,96 @@
+"""The training step: what turns a batch into a loss (``trainer.step``).
+
+The loop moves every tensor of the batch to the device, runs the step under autocast, then
+does the backward pass and the optimiser's step. A step is a function of the model and the
+batch, in whatever structure the collate function made; it returns the loss, or a dict with
+``loss`` and, for accuracy, ``logits`` and ``labels``:
+
+    def detection_step(model, batch, normalise):
+        out = model(normalise(batch["images"]))
+        return {"loss": box_loss(out, batch["boxes"]) + class_loss(out, batch["labels"])}
+
+``normalise`` (uint8 to float, the mean and spread, channels_last) is passed where the step
+names it; a step that does not name it gets its tensors as the loader made them. Keys given
+beside ``_target_`` (``+trainer.step.weight=2``) are passed to it by keyword.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from feedrate import targets
+from feedrate.batch import describe
+from feedrate.errors import ConfigError
+
+DEFAULT = "feedrate.steps.classify"
+
+
+def classify(model: nn.Module, batch: Any, normalise: Callable[..., torch.Tensor]) -> dict:
+    """feedrate's step: ``(images, labels)`` batches, the cross-entropy of the logits."""
+    images, labels = batch
+    logits = model(normalise(images))
+    return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits, "labels": labels}
+
+
+@dataclass
+class Output:
+    """What a step gave: the loss, and the logits and labels where it gave them."""
+
+    loss: torch.Tensor
+    logits: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+
+    @property
+    def scored(self) -> bool:
+        return self.logits is not None and self.labels is not None
+
+
+class Step:
+    """``trainer.step`` resolved and checked before anything runs: ``step(model, batch,
+    normalise)`` calls the user's function and checks what it returned."""
+
+    def __init__(self, cfg: DictConfig | Mapping | None) -> None:
+        cfg = {"_target_": DEFAULT} if cfg is None else cfg
+        self.target = str(cfg.get("_target_"))
+        fn = targets.load("trainer.step", self.target)
+        given = {k: v for k, v in cfg.items() if k not in targets.META}
+        targets.check_keys("trainer.step", self.target, fn, given)
+        self.takes_normalise = targets.accepts(fn, "normalise") and "normalise" not in given
+        self.fn = functools.partial(fn, **given)
+        self.classifies = self.target == DEFAULT
+
+    def __call__(
+        self, model: nn.Module, batch: Any, normalise: Callable, training: bool = True
+    ) -> Output:
+        extra = {"normalise": normalise} if self.takes_normalise else {}
+        return self.checked(self.fn(model, batch, **extra), training)
+
+    def checked(self, out: Any, training: bool = True) -> Output:
+        """``out`` as an :class:`Output`, or a ConfigError that says what was wrong with it."""
+        if isinstance(out, torch.Tensor):
+            got = Output(out)
+        elif isinstance(out, Mapping) and "loss" in out:
+            got = Output(out["loss"], out.get("logits"), out.get("labels"))
+        else:
+            raise self._wrong(f"returned {describe(out)}, not a loss")
+        if not isinstance(got.loss, torch.Tensor) or got.loss.numel() != 1:
+            raise self._wrong(f"returned a loss that is {describe(got.loss)}, not one number")
+        if training and not got.loss.requires_grad:
+            raise self._wrong(
+                "returned a loss that does not depend on the model's parameters (no gradient):"
+                " compute it from the model's output"
+            )
+        return got
+
+    def _wrong(self, what: str) -> ConfigError:
+        return ConfigError(
+            f"trainer.step._target_={self.target} {what}: return the loss (a tensor of one"
+            " element), or a dict with 'loss' (and 'logits' and 'labels' for accuracy)"
+        )

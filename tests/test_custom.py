@@ -1,0 +1,282 @@
+"""Your own model, training step and collate function in the launcher (docs/custom.md), with
+examples/detection.py as a user would bring them: dict samples holding a varying number of
+boxes, a step with a loss of its own, a collate function that keeps the boxes as lists."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import feedrate
+from examples.detection import Shapes, TinyDetector, collate, detection_step
+from feedrate.errors import ConfigError, DatasetError
+from feedrate.model import build_model
+from feedrate.steps import Step
+
+from .conftest import CONF, ROOT, shrink
+from .test_resume import _signal_when, _state
+
+DETECTION = [
+    "dataset=custom",
+    "dataset._target_=examples.detection.Shapes",
+    "+dataset.length=256",
+    "+dataset.size=32",
+    "+dataset.sleep_ms=0",
+    "model=custom",
+    "model._target_=examples.detection.TinyDetector",
+    "+model.hidden=8",
+    "trainer.step._target_=examples.detection.detection_step",
+    "loader.collate_fn._target_=examples.detection.collate",
+]
+
+
+MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)  # the loop's normalisation
+STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+
+
+def _loss(model: torch.nn.Module, batch: dict) -> float:
+    model.eval()
+    with torch.no_grad():
+        out = detection_step(model, batch, lambda x: (x.float() / 255 - MEAN) / STD)
+    return float(out["loss"])
+
+
+def test_a_model_step_and_collate_of_your_own_train(tmp_path):
+    cfg = feedrate.compose(
+        shrink([*DETECTION, "trainer.max_steps=60", "trainer.val_fraction=0.25"]),
+        config_dir=CONF,
+    )
+    metrics = feedrate.run(cfg, tmp_path)
+    assert metrics["steps"] == 60 and metrics["samples_per_sec"] > 0
+    # the step gives no logits and labels: a loss, no accuracy, in training and held out
+    assert metrics["final_loss"] > 0 and metrics["train_accuracy"] is None
+    assert metrics["val_loss"] > 0 and metrics["val_accuracy"] is None
+    assert metrics["run"]["loader"]["collate_fn"] == {"_target_": "examples.detection.collate"}
+    # it learned: on a batch of its data the trained model's loss is well below the untrained
+    batch = collate([Shapes(size=32, sleep_ms=0)[i] for i in range(64)])
+    torch.manual_seed(0)
+    trained, fresh = TinyDetector(3, hidden=8), TinyDetector(3, hidden=8)
+    trained.load_state_dict(_state(tmp_path)["model"])
+    assert _loss(trained, batch) < 0.7 * _loss(fresh, batch)
+
+
+def test_num_classes_is_passed_only_where_the_model_takes_it():
+    def no_classes():
+        raise AssertionError("asked the dataset for its classes")
+
+    own = OmegaConf.create({"_target_": "tests.custom_parts.NoClasses", "hidden": 4})
+    assert isinstance(build_model(own, no_classes), TinyDetector)
+    takes = OmegaConf.create({"_target_": "examples.detection.TinyDetector"})
+    assert build_model(takes, lambda: 5).num_classes == 5
+
+    class Unlabelled(torch.utils.data.Dataset):
+        pass
+
+    from feedrate.dataset import num_classes
+
+    with pytest.raises(DatasetError, match=r"the model takes num_classes.*\+model.num_classes=N"):
+        build_model(takes, lambda: num_classes(Unlabelled()))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["model._target_=nowhere.Net"],
+            "model._target_=nowhere.Net cannot be imported (Error loading 'nowhere.Net'",
+        ),
+        (
+            ["+model.hiden=3"],
+            "model.hiden is not an argument of examples.detection.TinyDetector, which takes:"
+            " num_classes, hidden. Fix the key, or drop it ('~model.hiden' on the command line)",
+        ),
+        (
+            ["model=custom", "model._target_=tests.custom_parts.NeedsDepth"],
+            "model._target_=tests.custom_parts.NeedsDepth needs depth, which the config does"
+            " not give: add it with +model.depth=<value>",
+        ),
+        (
+            # a built-in model's config for a class of your own: its keys are not the class's
+            ["model=resnet18", "model._target_=examples.detection.TinyDetector"],
+            "model.weights is not an argument of examples.detection.TinyDetector, which takes:"
+            " num_classes, hidden. Fix the key, or drop it ('~model.weights' on the command"
+            " line); for a model of your own: model=custom model._target_=",
+        ),
+        (
+            ["trainer.step._target_=tests.custom_parts.no_loss_step"],
+            "trainer.step._target_=tests.custom_parts.no_loss_step returned a dict with logits,"
+            " corners, not a loss: return the loss",
+        ),
+        (
+            ["loader.collate_fn._target_=tests.custom_parts.broken_collate"],
+            "loader.collate_fn._target_=tests.custom_parts.broken_collate failed on a batch of"
+            " 16 samples (a dict with image, boxes, labels each): KeyError: 'img'. Fix the"
+            " function",
+        ),
+        (
+            ["+trainer.step.box_wieght=2"],
+            "trainer.step.box_wieght is not an argument of examples.detection.detection_step,"
+            " which takes: model, batch, normalise, box_weight",
+        ),
+        (
+            ["trainer.step._target_=feedrate.steps.classify"],
+            "the training step trainer.step._target_=feedrate.steps.classify trains (image,"
+            " label) samples, and the dataset's first sample is a dict with image, boxes,"
+            " labels: name a step of your own",
+        ),
+    ],
+    ids=[
+        "model-target",
+        "model-key",
+        "model-missing-key",
+        "builtin-schema",
+        "no-loss",
+        "collate-fails",
+        "step-key",
+        "default-step-dict-samples",
+    ],
+)
+def test_what_is_wrong_with_your_own_parts_is_one_line_that_names_the_key(
+    tmp_path, overrides, expected, train_here
+):
+    base = DETECTION
+    if any(o.startswith("model=") for o in overrides):  # a model config of its own
+        base = [o for o in DETECTION if not o.startswith(("model", "+model"))]
+    proc = train_here(
+        *shrink([*base, "loader.num_workers=2", *overrides, f"hydra.run.dir={tmp_path}"])
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert expected in out, out[-3000:]
+    assert "Traceback" not in out
+    assert not (tmp_path / "metrics.json").exists()
+
+
+def test_what_a_step_returns_is_checked():
+    step = Step({"_target_": "examples.detection.detection_step"})
+    assert step.takes_normalise and not step.classifies
+    loss = torch.tensor(1.0, requires_grad=True)
+    assert step.checked(loss).loss is loss and not step.checked(loss).scored
+    for wrong, says in [
+        (None, "returned None, not a loss"),
+        ({"loss": torch.ones(3)}, "returned a loss that is a tensor of shape (3,), not one"),
+        (torch.tensor(1.0), "returned a loss that does not depend on the model's parameters"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"detection_step {re.escape(says)}"):
+            step.checked(wrong)
+    assert step.checked(torch.tensor(1.0), training=False).loss == 1.0  # evaluation: no grad
+
+
+def test_loader_autotune_tunes_a_loader_of_your_own_collate(tmp_path, monkeypatch):
+    monkeypatch.setattr("feedrate.tuning.loader.window_seconds", lambda budget_s: 0.15)
+    cfg = feedrate.compose(
+        shrink(
+            [
+                *DETECTION,
+                "dataset.sleep_ms=2",
+                "loader=autotune",
+                "loader.num_workers=0",
+                "loader.prefetch_factor=null",
+                "loader.persistent_workers=false",
+                "trainer.max_steps=120",
+                "trainer.autotune.write_preset=false",
+                "trainer.autotune.max_workers=8",
+                "trainer.autotune.budget_s=600",
+            ]
+        ),
+        config_dir=CONF,
+    )
+    metrics = feedrate.run(cfg, tmp_path)
+    tried = metrics["autotune"]["tried"]
+    assert len(tried) >= 2, tried  # it switched loaders, each with the user's collate
+    assert metrics["steps"] == 120 and metrics["train_accuracy"] is None
+
+
+@pytest.mark.slow
+def test_a_sweep_of_your_own_parts_writes_a_preset_of_loader_settings_only(tmp_path):
+    """The sweep measures the user's real step; its preset holds loader settings, not the
+    collate function (code), which the next run names beside it."""
+    shutil.copy(ROOT / "train.py", tmp_path / "train.py")  # a project: its preset lands here
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "sweep=loader",
+            *shrink([*DETECTION, "dataset.sleep_ms=2"]),
+            "sweep.preset_name=mine",
+            "sweep.max_workers=4",
+            "hydra.sweeper.n_trials=2",
+            "sweep.final_rounds=1",
+            f"hydra.sweep.dir={tmp_path}/multirun",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    preset = tmp_path / "conf" / "loader" / "mine.yaml"
+    text = preset.read_text()
+    assert "_target_" not in text and "collate" not in text
+    loaded = feedrate.compose(shrink([*DETECTION, "loader=mine"]), config_dir=tmp_path / "conf")
+    assert loaded.loader.collate_fn._target_ == "examples.detection.collate"
+    assert loaded.loader.num_workers == OmegaConf.load(preset).num_workers
+
+
+@pytest.mark.slow
+def test_a_run_of_your_own_parts_resumes_to_the_same_weights(tmp_path):
+    run = [*DETECTION, "dataset.sleep_ms=4", "loader.num_workers=2", "trainer.max_steps=60"]
+    run += ["trainer.checkpoint_every=5"]
+    reference = tmp_path / "reference"
+    feedrate.run(feedrate.compose(shrink(run), config_dir=CONF), reference)
+    stopped_dir = tmp_path / "stopped"
+    ckpt = stopped_dir / "checkpoints" / "last.pt"
+
+    def ready(_pid: int) -> bool:
+        return ckpt.exists() and torch.load(ckpt, weights_only=True)["step"] >= 20
+
+    stopped, _ = _signal_when([*run, f"hydra.run.dir={stopped_dir}"], ready, signal.SIGKILL)
+    assert stopped.returncode == -signal.SIGKILL, stopped.stdout[-2000:]
+    assert 20 <= _state(stopped_dir)["step"] < 60
+    resumed = subprocess.run(
+        [sys.executable, "train.py", *shrink(run), f"hydra.run.dir={stopped_dir}"]
+        + ["trainer.resume=true"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    final, expected = _state(stopped_dir), _state(reference)
+    assert final["step"] == 60
+    torch.testing.assert_close(final["model"], expected["model"])
+    torch.testing.assert_close(final["optimizer"], expected["optimizer"])
+    metrics = json.loads((stopped_dir / "metrics.json").read_text())
+    assert metrics["train_accuracy"] is None
+
+
+@pytest.mark.slow
+def test_two_ranks_train_your_own_parts(tmp_path, torchrun_here):
+    """Under torchrun each rank moves its dict batches to its device and runs the user's
+    step through DDP; rank 0 writes the metrics of both."""
+    proc = torchrun_here(
+        2,
+        *shrink([*DETECTION, "loader.num_workers=1", "trainer.max_steps=10"]),
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["steps"] == 10
+    assert metrics["final_loss"] > 0 and metrics["train_accuracy"] is None
