@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # torchvision takes a second to import: only the image datase
     from torchvision import datasets
     from torchvision.transforms import v2
 
+from feedrate import targets
 from feedrate.config import execution_whitelist
 from feedrate.datacache import PHOTOS_VERSION, build_once, ensure_photos, read_rgb, render_memmap
 from feedrate.errors import CUDA_AFTER_FORK, ConfigError, DatasetError, FeedrateError, SampleError
@@ -214,6 +215,8 @@ def num_classes(dataset: Dataset) -> int:
 def build_dataset(cfg: DictConfig):
     """Instantiate ``cfg.dataset``, turning failures into an error that names the target."""
     target = cfg.get("_target_")
+    if not target or str(target) == "???":
+        targets.load("dataset", target)  # says it is not set, and how to set it
     kwargs = {k: v for k, v in cfg.items() if k != "on_error"}  # feedrate's, not the class's
     try:
         return instantiate(
