@@ -484,8 +484,8 @@ def train(
             if measure is Measure.compute:
                 batches = _resident(batches, meter)
             for batch in batches:
-                out = Output(None) if measure is Measure.loader else None
-                if out is None:
+                out = Output(None)  # trainer.measure=loader: no model step
+                if measure is not Measure.loader:
                     out = _step(model, optimizer, scaler, hw, step, batch, prepare)
                 where.step += 1
                 n = batch_len(batch) or per_batch
