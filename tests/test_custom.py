@@ -128,6 +128,11 @@ def test_num_classes_is_passed_only_where_the_model_takes_it():
             " which takes: model, batch, normalise, box_weight",
         ),
         (
+            ["objective=val_accuracy", "trainer.val_fraction=0.25"],
+            "objective=val_accuracy is an accuracy, and trainer.step._target_="
+            "examples.detection.detection_step returns no logits and labels to score",
+        ),
+        (
             ["trainer.step._target_=feedrate.steps.classify"],
             "the training step trainer.step._target_=feedrate.steps.classify trains (image,"
             " label) samples, and the dataset's first sample is a dict with image, boxes,"
@@ -142,6 +147,7 @@ def test_num_classes_is_passed_only_where_the_model_takes_it():
         "no-loss",
         "collate-fails",
         "step-key",
+        "accuracy-objective",
         "default-step-dict-samples",
     ],
 )

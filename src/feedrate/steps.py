@@ -56,8 +56,9 @@ class Step:
     """``trainer.step`` resolved and checked before anything runs: ``step(model, batch,
     normalise)`` calls the user's function and checks what it returned."""
 
-    def __init__(self, cfg: DictConfig | Mapping | None) -> None:
+    def __init__(self, cfg: DictConfig | Mapping | None, objective: str = "") -> None:
         cfg = {"_target_": DEFAULT} if cfg is None else cfg
+        self.objective = objective  # the run returns it: an accuracy needs logits and labels
         self.target = str(cfg.get("_target_"))
         fn = targets.load("trainer.step", self.target)
         given = {k: v for k, v in cfg.items() if k not in targets.META}
@@ -86,6 +87,13 @@ class Step:
             raise self._wrong(
                 "returned a loss that does not depend on the model's parameters (no gradient):"
                 " compute it from the model's output"
+            )
+        if self.objective.endswith("accuracy") and not got.scored:
+            raise ConfigError(
+                f"objective={self.objective} is an accuracy, and trainer.step._target_="
+                f"{self.target} returns no logits and labels to score: return them in its"
+                " dict, or optimise the loss (objective=val_loss"
+                " hydra.sweeper.direction=minimize)"
             )
         return got
 

@@ -161,7 +161,7 @@ def _build_parts(cfg: DictConfig, hw: Hardware, kept: Kept | None) -> Built:
 def build(cfg: DictConfig, hw: Hardware, ranks: Ranks, kept: Kept | None = None) -> Workload:
     """Dataset, split, model (DDP under torchrun), optimizer and loader; with ``kept`` (a
     warm trial host's), the dataset and model it built before."""
-    step = Step(cfg.trainer.step)  # the user's targets checked before any data is built
+    step = Step(cfg.trainer.step, cfg.objective)  # the user's targets checked before any data
     check_model(cfg.model)
     parts = _build_parts(cfg, hw, kept)
     dataset, classes, sample = parts.dataset, parts.classes, parts.sample
