@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from feedrate.dataset import GuardedDataset, RunSplit
 from feedrate.errors import ConfigError
 from feedrate.metrics import METRIC_NAMES
+from feedrate.targets import own_parts
 
 # Dataset keys that are counts or sizes, across the built-in datasets.
 _POSITIVE_DATASET_KEYS = (
@@ -172,6 +173,13 @@ def validate(cfg: DictConfig) -> None:
     ):
         if value is not None and value < 1:
             problems.append(f"{key}={value} must be at least 1, or null (the default)")
+    decode = getattr(cfg.loader.get("decode"), "value", cfg.loader.get("decode"))
+    if decode == "device" and own_parts(cfg).get("collate_fn"):
+        problems.append(
+            "loader.decode=device hands your collate function JPEG bytes, and decodes the"
+            " batch it makes as (images, labels): use loader.decode=cpu with"
+            f" loader.collate_fn._target_={own_parts(cfg)['collate_fn']}"
+        )
     every = cfg.trainer.get("memory_sample_s")
     if every is not None and every <= 0:
         problems.append(

@@ -30,6 +30,7 @@ def execution_whitelist(target: str | None) -> list[str]:
 
 
 DEFAULT_COLLATE = "torch.utils.data.default_collate"
+DEFAULT_STEP = "feedrate.steps.classify"
 
 
 class StartMethod(Enum):
@@ -305,7 +306,7 @@ class TrainerConfig:
     max_seconds: float | None = None
     # What turns a batch into a loss (feedrate.steps): today's classification step, or your
     # own function by import path (trainer.step._target_=pkg.steps.my_step)
-    step: Any = field(default_factory=lambda: {"_target_": "feedrate.steps.classify"})
+    step: Any = field(default_factory=lambda: {"_target_": DEFAULT_STEP})
     optimizer: Optimizer = Optimizer.sgd
     lr: float = 0.05
     momentum: float = 0.9

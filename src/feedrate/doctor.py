@@ -86,7 +86,9 @@ def _mb(n: float) -> str:
     return f"{n / MB:,.0f} MB" if n < 10 * 2**30 else f"{n / 2**30:,.1f} GB"
 
 
-def _worker_memory(dataset, batch_size: int, method: str) -> tuple[float, float]:
+def _worker_memory(
+    dataset, batch_size: int, method: str, collate_fn: dict | str | None = None
+) -> tuple[float, float]:
     """(main PSS, the larger worker's peak PSS) in bytes, over a few batches of 2 workers."""
     from feedrate.loader import build_loader
 
@@ -100,6 +102,7 @@ def _worker_memory(dataset, batch_size: int, method: str) -> tuple[float, float]
         "persistent_workers": False,
         "prefetch_factor": 2,
         "multiprocessing_context": method,
+        **({"collate_fn": collate_fn} if collate_fn is not None else {}),
     }
     loader = build_loader(dataset, kwargs, seed=0)
     me = psutil.Process()
@@ -207,7 +210,9 @@ def _check_dataset(
     per_worker = 0.0
     if measure:
         method = start_method(cfg.loader) if found is None else "fork"
-        main, per_worker = _worker_memory(dataset, batch, method)
+        from feedrate.loader import named_collate
+
+        main, per_worker = _worker_memory(dataset, batch, method, named_collate(cfg.loader))
         fits = int(max(0.0, machine.available * BUDGET - main) // per_worker) if per_worker else 0
         report.line(
             "info",

@@ -79,9 +79,9 @@ def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
         "timeout": cfg.timeout,
         "persistent_workers": cfg.persistent_workers,
     }
-    named = cfg.get("collate_fn")
-    if named is not None and named.get("_target_") != DEFAULT_COLLATE:  # build_loader wraps it
-        kwargs["collate_fn"] = OmegaConf.to_container(named, resolve=True)
+    named = named_collate(cfg)
+    if named is not None:  # build_loader wraps it
+        kwargs["collate_fn"] = named
     decode = getattr(cfg.get("decode"), "value", cfg.get("decode"))
     if decode and decode != "cpu":
         kwargs["decode"] = decode  # not the DataLoader's: the workload's (feedrate.decode)
@@ -90,6 +90,15 @@ def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
         kwargs["multiprocessing_context"] = start_method(cfg)
         kwargs["worker_threads"] = cfg.worker_threads  # not the DataLoader's: build_loader's
     return kwargs
+
+
+def named_collate(cfg: DictConfig) -> dict | str | None:
+    """``loader.collate_fn`` as plain data where the user named their own; None for the
+    default (``default_collate``, which :class:`CountingCollate` calls itself)."""
+    named = cfg.get("collate_fn")
+    if targets.target_of(named) in (None, DEFAULT_COLLATE):
+        return None
+    return named if isinstance(named, str) else OmegaConf.to_container(named, resolve=True)
 
 
 class CountingCollate:
@@ -124,7 +133,7 @@ class CountingCollate:
         try:
             return self.collate(kept)
         except Exception as exc:  # noqa: BLE001 - the user's function: named, with its input
-            target = self.named.get("_target_")
+            target = targets.target_of(self.named)
             raise CollateError(
                 f"loader.collate_fn._target_={target} failed on a batch of {len(kept)} samples"
                 f" ({describe(kept[0])} each): {type(exc).__name__}: {exc}. Fix the function;"
@@ -132,13 +141,10 @@ class CountingCollate:
             ) from exc
 
 
-def user_collate(named: dict) -> Callable[[list], object]:
-    """The collate function ``loader.collate_fn`` names, its other keys bound by keyword."""
-    target = str(named.get("_target_"))
-    fn = targets.load("loader.collate_fn", target)
-    given = {k: v for k, v in named.items() if k not in targets.META}
-    targets.check_keys("loader.collate_fn", target, fn, given)
-    return functools.partial(fn, **given) if given else fn
+def user_collate(named: dict | str) -> Callable[[list], object]:
+    """The collate function ``loader.collate_fn`` names, its other keys bound by keyword (a
+    class: its instance, built from them)."""
+    return targets.bound("loader.collate_fn", named, takes=1)
 
 
 def produced_samples(loader: DataLoader) -> int | None:

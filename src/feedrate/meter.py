@@ -281,7 +281,7 @@ class Meter:
             self._loss_sum += loss.detach().float() * samples
         if logits is not None and targets is not None:  # a step that gives them: accuracy
             self._correct += (logits.detach().argmax(1) == targets).sum()
-            self._scored += samples
+            self._scored += targets.numel()  # a label a sample, or one a pixel or token
         self._seen += samples
         if self._warm_end is None:
             now = self.clock()  # did the step wait for its batch most of the time?

@@ -23,6 +23,7 @@ from feedrate.config import LoaderConfig
 from feedrate.errors import ConfigError
 from feedrate.hardware import Fingerprint, Hardware, memory_allocation
 from feedrate.project import command
+from feedrate.targets import own_parts
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +60,14 @@ def _node_facts(node: DictConfig) -> dict:
 def workload_facts(cfg: DictConfig, precision: str, ranks_per_node: int = 1) -> dict:
     """The dataset and model, and how they are fed: the batch size, the precision, and the
     training processes on the node (each with its own loader, all on the same cores)."""
-    return {
+    facts = {
         "dataset": _node_facts(cfg.dataset),
         "model": _node_facts(cfg.model),
         "batch_size": int(cfg.loader.batch_size),
         "precision": precision,
         "ranks_per_node": ranks_per_node,
     }
+    return {**facts, **own_parts(cfg)}
 
 
 def precision(amp_dtype: torch.dtype | str | None) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from feedrate import hardware
+from feedrate.targets import own_parts
 
 
 def default_preset_name(ranks_per_node: int = 1) -> str:
@@ -44,6 +45,9 @@ def workload_key(root: DictConfig) -> str:
         "trainer": OmegaConf.to_container(root.trainer, resolve=True, enum_to_str=True),
         "objective": root.objective,
     }
+    # the step and collate function: only the user's own, so a study of before keeps its name
+    parts["trainer"].pop("step", None)
+    parts.update(own_parts(root))
     ranks = int((root.get("sweep") or {}).get("ranks_per_node") or 1)
     if ranks > 1:  # per-rank trials are another study (one-process studies keep their names)
         parts["ranks_per_node"] = ranks

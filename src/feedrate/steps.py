@@ -16,7 +16,6 @@ beside ``_target_`` (``+trainer.step.weight=2``) are passed to it by keyword.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,9 +26,10 @@ from torch import nn
 
 from feedrate import targets
 from feedrate.batch import describe
+from feedrate.config import DEFAULT_STEP
 from feedrate.errors import ConfigError
 
-DEFAULT = "feedrate.steps.classify"
+DEFAULT = DEFAULT_STEP
 
 
 def classify(model: nn.Module, batch: Any, normalise: Callable[..., torch.Tensor]) -> dict:
@@ -59,12 +59,10 @@ class Step:
     def __init__(self, cfg: DictConfig | Mapping | None, objective: str = "") -> None:
         cfg = {"_target_": DEFAULT} if cfg is None else cfg
         self.objective = objective  # the run returns it: an accuracy needs logits and labels
-        self.target = str(cfg.get("_target_"))
-        fn = targets.load("trainer.step", self.target)
-        given = {k: v for k, v in cfg.items() if k not in targets.META}
-        targets.check_keys("trainer.step", self.target, fn, given)
-        self.takes_normalise = targets.accepts(fn, "normalise") and "normalise" not in given
-        self.fn = functools.partial(fn, **given)
+        self.target = str(targets.target_of(cfg))
+        self.fn = targets.bound("trainer.step", cfg, takes=2, passed=("normalise",))
+        given = targets.keys_of(cfg)
+        self.takes_normalise = targets.accepts(self.fn, "normalise") and "normalise" not in given
         self.classifies = self.target == DEFAULT
 
     def __call__(
@@ -88,6 +86,8 @@ class Step:
                 "returned a loss that does not depend on the model's parameters (no gradient):"
                 " compute it from the model's output"
             )
+        if got.scored and _scores(got) is not None:
+            raise self._wrong(_scores(got))
         if self.objective.endswith("accuracy") and not got.scored:
             raise ConfigError(
                 f"objective={self.objective} is an accuracy, and trainer.step._target_="
@@ -102,3 +102,18 @@ class Step:
             f"trainer.step._target_={self.target} {what}: return the loss (a tensor of one"
             " element), or a dict with 'loss' (and 'logits' and 'labels' for accuracy)"
         )
+
+
+def _scores(got: Output) -> str | None:
+    """What is wrong with the logits and labels for scoring, or None: class scores along
+    dimension 1, one label for each of the rest (a sample's, a pixel's, a token's)."""
+    logits, labels = got.logits, got.labels
+    if not isinstance(logits, torch.Tensor) or not isinstance(labels, torch.Tensor):
+        return f"returned logits and labels that are {describe(logits)} and {describe(labels)}"
+    if logits.dim() < 2 or logits.shape[:1] + logits.shape[2:] != labels.shape:
+        return (
+            f"returned logits of shape {tuple(logits.shape)} and labels of shape"
+            f" {tuple(labels.shape)}, which do not pair (class scores along dimension 1, one"
+            " label for each of the rest)"
+        )
+    return None

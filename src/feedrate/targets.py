@@ -5,15 +5,67 @@ it checked against its signature before anything runs, each mistake named with i
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from hydra.utils import get_object
-
+from feedrate.config import DEFAULT_COLLATE, DEFAULT_STEP
 from feedrate.errors import ConfigError
 
 META = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")  # Hydra's, not arguments
+
+
+def target_of(node: Any) -> str | None:
+    """The import path a config node names: ``{_target_: pkg.fn, ...}``, or ``pkg.fn`` itself
+    (``trainer.step=pkg.fn`` on the command line)."""
+    if node is None:
+        return None
+    if isinstance(node, str):
+        return node
+    return str(node.get("_target_")) if node.get("_target_") else None
+
+
+def keys_of(node: Any) -> dict:
+    """The keyword arguments a config node gives its target (none for a bare import path)."""
+    if not isinstance(node, Mapping) and not hasattr(node, "items"):
+        return {}
+    return {str(k): v for k, v in node.items() if k not in META}
+
+
+def own_parts(cfg: Any) -> dict:
+    """The training step and the collate function where the user named their own; the
+    defaults are left out, so what was measured before they existed still matches."""
+    parts = {}
+    step = target_of(cfg.trainer.get("step"))
+    if step and step != DEFAULT_STEP:
+        parts["step"] = step
+    collate = target_of(cfg.loader.get("collate_fn"))
+    if collate and collate != DEFAULT_COLLATE:
+        parts["collate_fn"] = collate
+    return parts
+
+
+def _locate(path: str) -> Any:
+    """The object at ``path``: the longest importable module, then attributes. An import
+    that fails inside the user's module (a missing dependency, a syntax error) is raised as
+    it is, not taken for a wrong name."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        name = ".".join(parts[:i])
+        try:
+            obj = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and name.startswith(exc.name):
+                continue  # this module is not there: a shorter one, then attributes
+            raise
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                raise AttributeError(f"{obj.__name__ if i else name} has no attribute {attr!r}")
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(f"no module named {parts[0]!r}")
 
 
 def load(key: str, target: Any) -> Callable:
@@ -24,19 +76,45 @@ def load(key: str, target: Any) -> Callable:
             f" e.g. {key}._target_=my_pkg.module.Name"
         )
     try:
-        obj = get_object(str(target))
-    except Exception as exc:  # ImportError, AttributeError, ValueError: Hydra says which
-        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        obj = _locate(str(target))
+    except Exception as exc:  # noqa: BLE001 - the user's module, imported: any failure
         raise ConfigError(
-            f"{key}._target_={target} cannot be imported ({why}): check the spelling, and that"
-            " its package is importable from where you run (the current directory, the"
-            " PYTHONPATH, or pip install -e)"
+            f"{key}._target_={target} cannot be imported ({type(exc).__name__}: {exc}):"
+            " check the spelling, and that its package is importable from where you run"
+            " (the current directory, the PYTHONPATH, or pip install -e)"
         ) from None
     if not callable(obj):
         raise ConfigError(
             f"{key}._target_={target} is a {type(obj).__name__}, not a class or function"
         )
     return obj
+
+
+def bound(key: str, node: Any, takes: int, passed: tuple[str, ...] = ()) -> Callable:
+    """The function ``node`` names with its keys bound by keyword, or an instance of the
+    class it names built from them; checked first: the keys against the signature, and that
+    nothing but the ``takes`` leading arguments (the batch; the model and the batch) and the
+    ``passed`` ones is left for the caller to give."""
+    target = target_of(node)
+    fn = load(key, target)
+    given = keys_of(node)
+    check_keys(key, str(target), fn, given)
+    if inspect.isclass(fn):
+        need = missing(fn, given)
+        if need:
+            raise ConfigError(
+                f"{key}._target_={target} needs {need[0]}, which the config does not give:"
+                f" add it with +{key}.{need[0]}=<value>"
+            )
+        fn = fn(**given)  # its instance is called on each batch
+        given = {}
+    need = [n for n in missing(fn, given)[takes:] if n not in passed]
+    if need:
+        raise ConfigError(
+            f"{key}._target_={target} needs {need[0]}, which the config does not give:"
+            f" add it with +{key}.{need[0]}=<value> (the loop passes only the first {takes})"
+        )
+    return functools.partial(fn, **given) if given else fn
 
 
 def _signature(obj: Callable) -> inspect.Signature | None:

@@ -545,7 +545,7 @@ def evaluate(
         loss_sum += out.loss.detach().float() * n
         if out.scored:
             correct += (out.logits.argmax(1) == out.labels).sum()
-            scored += n
+            scored += out.labels.numel()
         seen += n
     model.train()
     if seen == 0:

@@ -17,14 +17,14 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from feedrate import checkpoint, distributed
 from feedrate.batch import describe, nbytes
-from feedrate.config import DEFAULT_COLLATE, Optimizer
+from feedrate.config import Optimizer
 from feedrate.dataset import GuardedDataset, build_dataset, known_classes, num_classes, split
 from feedrate.decode import BatchDecoder, bytes_only
 from feedrate.distributed import Ranks
 from feedrate.errors import ConfigError
 from feedrate.faults import Context, check_shm, unbatchable_sample
 from feedrate.hardware import Hardware
-from feedrate.loader import build_loader, loader_kwargs
+from feedrate.loader import build_loader, loader_kwargs, named_collate, user_collate
 from feedrate.model import build_model, check_model
 from feedrate.steps import Step
 from feedrate.stream import (
@@ -59,13 +59,17 @@ def make_input_transform(hw: Hardware, channels: int) -> Callable[..., torch.Ten
     This is the first op of the training step, not part of loading: the loader's side ends
     with the host-to-device copy, which is what ``trainer.measure=loader`` measures.
     """
-    if channels == 3:
-        mean, std = _IMAGENET_MEAN, _IMAGENET_STD
-    else:
-        mean, std = (0.5,) * channels, (0.25,) * channels
-    mean_t = torch.tensor(mean, device=hw.device).view(1, -1, 1, 1)
-    std_t = torch.tensor(std, device=hw.device).view(1, -1, 1, 1)
     memory_format = torch.channels_last if hw.channels_last else torch.contiguous_format
+    spreads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def spread(c: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if c not in spreads:
+            mean, std = (_IMAGENET_MEAN, _IMAGENET_STD) if c == 3 else ((0.5,) * c, (0.25,) * c)
+            shape = (1, -1, 1, 1)
+            spreads[c] = tuple(torch.tensor(v, device=hw.device).view(shape) for v in (mean, std))
+        return spreads[c]
+
+    spread(channels)
 
     def normalise(x: torch.Tensor, inplace: bool = True) -> torch.Tensor:
         # One new float tensor, then in place: the batch is ours, and a 64x3x224x224 batch
@@ -75,6 +79,9 @@ def make_input_transform(hw: Hardware, channels: int) -> Callable[..., torch.Ten
             x = x.float().div_(255.0)
         elif not inplace or x.dtype != torch.float32:
             x = x.to(torch.float32, copy=True)
+        if x.dim() != 4:  # not a batch of images (N, C, H, W): scaled only
+            return x
+        mean_t, std_t = spread(x.shape[1])
         x = x.sub_(mean_t).div_(std_t)
         return x.contiguous(memory_format=memory_format)
 
@@ -163,6 +170,8 @@ def build(cfg: DictConfig, hw: Hardware, ranks: Ranks, kept: Kept | None = None)
     warm trial host's), the dataset and model it built before."""
     step = Step(cfg.trainer.step, cfg.objective)  # the user's targets checked before any data
     check_model(cfg.model)
+    if named_collate(cfg.loader) is not None:
+        user_collate(named_collate(cfg.loader))
     parts = _build_parts(cfg, hw, kept)
     dataset, classes, sample = parts.dataset, parts.classes, parts.sample
     image = images_of(sample, step, cfg.loader)
@@ -271,8 +280,9 @@ def images_of(sample: Any, step: Step, loader: DictConfig) -> torch.Tensor | Non
         image = torch.as_tensor(image)
     if isinstance(image, torch.Tensor):
         return image
-    own_collate = loader.collate_fn.get("_target_") != DEFAULT_COLLATE
-    if pair and not own_collate:  # the model and the loader's sizing need one
+    if named_collate(loader) is not None:  # the user's collate makes the batch: not checked
+        return None
+    if pair:  # the default collate cannot batch it (a PIL image, say)
         raise unbatchable_sample(repr(type(image)))
     if step.classifies:
         raise ConfigError(
