@@ -3,9 +3,10 @@ a collate function that fails, a model that needs a key the config does not give
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-from examples.detection import TinyDetector
+from examples.detection import TinyDetector, collate
 
 
 def no_loss_step(model, batch, normalise):
@@ -30,3 +31,24 @@ class NoClasses(TinyDetector):
 
     def __init__(self, hidden: int = 8) -> None:
         super().__init__(num_classes=3, hidden=hidden)
+
+
+def first_box_step(model, batch, normalise):
+    """Scores each image's first box: the logits and labels of slot 0, for accuracy."""
+    logits, _ = model(normalise(batch["images"]))
+    labels = torch.stack([labels[0] for labels in batch["labels"]])
+    first = logits[:, 0]
+    return {"loss": nn.functional.cross_entropy(first, labels), "logits": first, "labels": labels}
+
+
+class PadCollate:
+    """A collate class: built once from its keys, called on each batch; pads the boxes."""
+
+    def __init__(self, pad_to: int) -> None:
+        self.pad_to = pad_to
+
+    def __call__(self, samples: list[dict]) -> dict:
+        out = collate(samples)
+        out["boxes"] = [nn.functional.pad(b, (0, 0, 0, self.pad_to - len(b))) for b in out["boxes"]]
+        out["boxes"] = [b[: len(labels)] for b, labels in zip(out["boxes"], out["labels"])]
+        return out

@@ -92,7 +92,8 @@ def test_num_classes_is_passed_only_where_the_model_takes_it():
     [
         (
             ["model._target_=nowhere.Net"],
-            "model._target_=nowhere.Net cannot be imported (Error loading 'nowhere.Net'",
+            "model._target_=nowhere.Net cannot be imported (ModuleNotFoundError: no module"
+            " named 'nowhere'): check the spelling",
         ),
         (
             ["+model.hiden=3"],
@@ -133,6 +134,20 @@ def test_num_classes_is_passed_only_where_the_model_takes_it():
             "examples.detection.detection_step returns no logits and labels to score",
         ),
         (
+            ["model=custom", "~model._target_"],
+            "model._target_ is not set: name your class or function by its import path",
+        ),
+        (
+            ["loader.num_workers=0", "loader.collate_fn=tests.custom_parts.broken_collate"],
+            "loader.collate_fn._target_=tests.custom_parts.broken_collate failed on a batch of"
+            " 16 samples",
+        ),
+        (
+            ["loader.collate_fn._target_=tests.custom_parts.PadCollate"],
+            "loader.collate_fn._target_=tests.custom_parts.PadCollate needs pad_to, which the"
+            " config does not give: add it with +loader.collate_fn.pad_to=<value>",
+        ),
+        (
             ["trainer.step._target_=feedrate.steps.classify"],
             "the training step trainer.step._target_=feedrate.steps.classify trains (image,"
             " label) samples, and the dataset's first sample is a dict with image, boxes,"
@@ -148,6 +163,9 @@ def test_num_classes_is_passed_only_where_the_model_takes_it():
         "collate-fails",
         "step-key",
         "accuracy-objective",
+        "model-unset",
+        "collate-fails-in-process",
+        "collate-class-key",
         "default-step-dict-samples",
     ],
 )
@@ -286,3 +304,36 @@ def test_two_ranks_train_your_own_parts(tmp_path, torchrun_here):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == 10
     assert metrics["final_loss"] > 0 and metrics["train_accuracy"] is None
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["trainer.step=tests.custom_parts.first_box_step", "trainer.val_fraction=0.25"],
+        ["loader.collate_fn._target_=tests.custom_parts.PadCollate", "+loader.collate_fn.pad_to=4"],
+        ["trainer.measure=loader"],
+        ["trainer.measure=compute"],
+        ["loader.num_workers=2", "loader.multiprocessing_context=forkserver"],
+    ],
+    ids=["accuracy", "collate-class", "measure-loader", "measure-compute", "forkserver"],
+)
+def test_your_own_parts_in_every_mode(tmp_path, extra):
+    metrics = feedrate.run(
+        feedrate.compose(shrink([*DETECTION, *extra]), config_dir=CONF), tmp_path
+    )
+    assert metrics["steps"] == 8 and metrics["samples_per_sec"] > 0
+    if "trainer.val_fraction=0.25" in extra:  # a step that scores: accuracy, held out too
+        assert 0 <= metrics["train_accuracy"] <= 1 and 0 <= metrics["val_accuracy"] <= 1
+    elif "trainer.measure=loader" in extra:  # no model step: no loss
+        assert metrics["final_loss"] is None
+    else:
+        assert metrics["final_loss"] > 0 and metrics["train_accuracy"] is None
+
+
+def test_the_doctor_reads_your_own_collate(capsys):
+    from feedrate import doctor
+
+    doctor.main(shrink([*DETECTION, "loader.num_workers=2"]))
+    out = capsys.readouterr().out
+    assert "samples of a dict with image, boxes, labels" in out
+    assert "Traceback" not in out and "unsafe" not in out.split("Dataset")[1].split("\n\n")[0]
