@@ -41,14 +41,15 @@ def first_box_step(model, batch, normalise):
     return {"loss": nn.functional.cross_entropy(first, labels), "logits": first, "labels": labels}
 
 
-class PadCollate:
-    """A collate class: built once from its keys, called on each batch; pads the boxes."""
+class SizedCollate:
+    """A collate class: built once from its keys, its instance called on each batch; it
+    checks the images' size, then collates as examples.detection.collate does."""
 
-    def __init__(self, pad_to: int) -> None:
-        self.pad_to = pad_to
+    def __init__(self, size: int) -> None:
+        self.size = size
 
     def __call__(self, samples: list[dict]) -> dict:
-        out = collate(samples)
-        out["boxes"] = [nn.functional.pad(b, (0, 0, 0, self.pad_to - len(b))) for b in out["boxes"]]
-        out["boxes"] = [b[: len(labels)] for b, labels in zip(out["boxes"], out["labels"])]
-        return out
+        sizes = {tuple(s["image"].shape[1:]) for s in samples}
+        if sizes != {(self.size, self.size)}:
+            raise ValueError(f"images of {sizes}, not {self.size} px")
+        return collate(samples)

@@ -143,9 +143,9 @@ def test_num_classes_is_passed_only_where_the_model_takes_it():
             " 16 samples",
         ),
         (
-            ["loader.collate_fn._target_=tests.custom_parts.PadCollate"],
-            "loader.collate_fn._target_=tests.custom_parts.PadCollate needs pad_to, which the"
-            " config does not give: add it with +loader.collate_fn.pad_to=<value>",
+            ["loader.collate_fn._target_=tests.custom_parts.SizedCollate"],
+            "loader.collate_fn._target_=tests.custom_parts.SizedCollate needs size, which the"
+            " config does not give: add it with +loader.collate_fn.size=<value>",
         ),
         (
             ["trainer.step._target_=feedrate.steps.classify"],
@@ -310,7 +310,10 @@ def test_two_ranks_train_your_own_parts(tmp_path, torchrun_here):
     "extra",
     [
         ["trainer.step=tests.custom_parts.first_box_step", "trainer.val_fraction=0.25"],
-        ["loader.collate_fn._target_=tests.custom_parts.PadCollate", "+loader.collate_fn.pad_to=4"],
+        [
+            "loader.collate_fn._target_=tests.custom_parts.SizedCollate",
+            "+loader.collate_fn.size=32",
+        ],
         ["trainer.measure=loader"],
         ["trainer.measure=compute"],
         ["loader.num_workers=2", "loader.multiprocessing_context=forkserver"],
