@@ -149,9 +149,9 @@ def test_num_classes_is_passed_only_where_the_model_takes_it():
         ),
         (
             ["trainer.step._target_=feedrate.steps.classify"],
-            "the training step trainer.step._target_=feedrate.steps.classify trains (image,"
-            " label) samples, and the dataset's first sample is a dict with image, boxes,"
-            " labels: name a step of your own",
+            "the training step trainer.step._target_=feedrate.steps.classify trains (images,"
+            " labels) batches, and the batch is a dict with images, boxes, labels: name a step"
+            " of your own",
         ),
     ],
     ids=[

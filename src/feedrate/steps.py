@@ -34,6 +34,12 @@ DEFAULT = DEFAULT_STEP
 
 def classify(model: nn.Module, batch: Any, normalise: Callable[..., torch.Tensor]) -> dict:
     """feedrate's step: ``(images, labels)`` batches, the cross-entropy of the logits."""
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        raise ConfigError(
+            f"the training step trainer.step._target_={DEFAULT} trains (images, labels)"
+            f" batches, and the batch is {describe(batch)}: name a step of your own that turns"
+            " it into a loss (trainer.step._target_=my_pkg.steps.my_step, docs/custom.md)"
+        )
     images, labels = batch
     logits = model(normalise(images))
     return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits, "labels": labels}
