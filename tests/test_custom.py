@@ -21,6 +21,7 @@ from examples.detection import Shapes, TinyDetector, collate, detection_step
 from feedrate.errors import ConfigError, DatasetError
 from feedrate.model import build_model
 from feedrate.steps import Step
+from feedrate.tuning.preset import plain_data_problems
 
 from .conftest import CONF, ROOT, shrink
 from .test_resume import _signal_when, _state
@@ -248,12 +249,17 @@ def test_a_sweep_of_your_own_parts_writes_a_preset_of_loader_settings_only(tmp_p
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        },
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     preset = tmp_path / "conf" / "loader" / "mine.yaml"
-    text = preset.read_text()
-    assert "_target_" not in text and "collate" not in text
+    assert plain_data_problems(preset) == []  # data: no _target_, nothing Hydra would call
+    written = OmegaConf.to_container(OmegaConf.load(preset))
+    assert "collate_fn" not in written
+    assert written["measured_on"]["workload"]["collate_fn"] == "examples.detection.collate"
     loaded = feedrate.compose(shrink([*DETECTION, "loader=mine"]), config_dir=tmp_path / "conf")
     assert loaded.loader.collate_fn._target_ == "examples.detection.collate"
     assert loaded.loader.num_workers == OmegaConf.load(preset).num_workers

@@ -98,6 +98,9 @@ class MeasuredWorkload:
     precision: str = MISSING
     # training processes on the node (torchrun's --nproc_per_node) sharing its cores
     ranks_per_node: int = 1
+    # the user's own training step and collate function, by import path (null: the defaults)
+    step: str | None = None
+    collate_fn: str | None = None
 
 
 @dataclass

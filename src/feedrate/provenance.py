@@ -127,6 +127,9 @@ def workload_differences(tuned: dict, here: dict) -> list[str]:
     for key in ("batch_size", "precision"):
         if tuned.get(key) != here[key]:
             found.append(f"{key} {tuned.get(key)} -> {here[key]}")
+    for key in ("step", "collate_fn"):  # the user's own; absent or null: the defaults
+        if tuned.get(key) != here.get(key):
+            found.append(f"{key} {_short(tuned.get(key))} -> {_short(here.get(key))}")
     ranks = (tuned.get("ranks_per_node", 1), here.get("ranks_per_node", 1))  # 1: presets before
     if ranks[0] != ranks[1]:
         found.append(f"ranks_per_node {ranks[0]} -> {ranks[1]}")

@@ -38,10 +38,10 @@ def own_parts(cfg: Any) -> dict:
     """The training step and the collate function where the user named their own; the
     defaults are left out, so what was measured before they existed still matches."""
     parts = {}
-    step = target_of(cfg.trainer.get("step"))
+    step = target_of((cfg.get("trainer") or {}).get("step"))
     if step and step != DEFAULT_STEP:
         parts["step"] = step
-    collate = target_of(cfg.loader.get("collate_fn"))
+    collate = target_of((cfg.get("loader") or {}).get("collate_fn"))
     if collate and collate != DEFAULT_COLLATE:
         parts["collate_fn"] = collate
     return parts
