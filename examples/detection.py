@@ -28,6 +28,8 @@ class Shapes(Dataset):
     classes = ["square", "wide", "tall"]
 
     def __init__(self, length: int = 4096, size: int = 64, sleep_ms: float = 2.0) -> None:
+        if size <= 24:
+            raise ValueError(f"Shapes(size={size}): at least 25 px, the widest shape is 24")
         self.length, self.size, self.sleep_s = length, size, sleep_ms / 1000
 
     def __len__(self) -> int:

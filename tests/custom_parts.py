@@ -1,12 +1,14 @@
 """A user's own parts that go wrong, for tests/test_custom.py: a step that returns no loss,
-a collate function that fails, a model that needs a key the config does not give."""
+a collate function that fails, a model that needs a key the config does not give, steps
+that cannot be called as the loop calls them, streams of dict samples."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.data import IterableDataset, get_worker_info
 
-from examples.detection import TinyDetector, collate
+from examples.detection import Shapes, TinyDetector, collate
 
 
 def no_loss_step(model, batch, normalise):
@@ -53,3 +55,44 @@ class SizedCollate:
         if sizes != {(self.size, self.size)}:
             raise ValueError(f"images of {sizes}, not {self.size} px")
         return collate(samples)
+
+
+def unpacked_step(model, images, labels):
+    """Takes the batch's parts as arguments: the loop passes the batch whole."""
+    return nn.functional.cross_entropy(model(images)[0][:, 0], labels)
+
+
+def batch_only_step(batch):
+    """Forgot the model."""
+    return batch["images"].float().mean()
+
+
+class ShapeStream(IterableDataset):
+    """examples.detection.Shapes as a stream of dict samples, each worker reading its share."""
+
+    def __init__(self, length: int = 256, size: int = 32, sleep_ms: float = 0.0) -> None:
+        self.shapes = Shapes(length, size, sleep_ms)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def __iter__(self):
+        info = get_worker_info()
+        every, first = (info.num_workers, info.id) if info is not None else (1, 0)
+        for index in range(first, len(self.shapes), every):
+            yield self.shapes[index]
+
+
+class UnsplitShapeStream(ShapeStream):
+    """Every worker reads every sample: trained on once per worker."""
+
+    def __iter__(self):
+        for index in range(len(self.shapes)):
+            yield self.shapes[index]
+
+
+def padded_collate(samples, pad_to):
+    """A collate function with a setting of its own, given as +loader.collate_fn.pad_to=N."""
+    batch = collate(samples)
+    batch["boxes"] = [nn.functional.pad(b, (0, 0, 0, pad_to - len(b))) for b in batch["boxes"]]
+    return batch

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 import feedrate
 from examples.detection import Shapes, TinyDetector, collate, detection_step
 from feedrate.errors import ConfigError, DatasetError
+from feedrate.loader import user_collate
 from feedrate.model import build_model
 from feedrate.steps import Step
 from feedrate.tuning.preset import plain_data_problems
@@ -199,6 +200,45 @@ def test_what_a_step_returns_is_checked():
         with pytest.raises(ConfigError, match=rf"detection_step {re.escape(says)}"):
             step.checked(wrong)
     assert step.checked(torch.tensor(1.0), training=False).loss == 1.0  # evaluation: no grad
+
+
+def test_a_step_or_collate_the_loop_cannot_call_is_named_before_the_run():
+    for target, says in [
+        (
+            "unpacked_step",
+            "takes (model, images, labels), and the loop calls it as step(model, batch): give"
+            " labels with +trainer.step.labels=<value>, or take the batch whole and unpack it"
+            " inside (docs/custom.md)",
+        ),
+        (
+            "batch_only_step",
+            "takes (batch), and the loop calls it as step(model, batch): take those 2"
+            " arguments (docs/custom.md)",
+        ),
+    ]:
+        with pytest.raises(ConfigError) as caught:
+            Step({"_target_": f"tests.custom_parts.{target}"})
+        assert str(caught.value) == f"trainer.step._target_=tests.custom_parts.{target} {says}"
+    with pytest.raises(ConfigError) as caught:
+        user_collate("tests.custom_parts.padded_collate")
+    assert str(caught.value).startswith(
+        "loader.collate_fn._target_=tests.custom_parts.padded_collate takes (samples, pad_to),"
+        " and the loop calls it as collate_fn(samples): give pad_to with"
+        " +loader.collate_fn.pad_to=<value>"
+    )
+    padded = user_collate({"_target_": "tests.custom_parts.padded_collate", "pad_to": 4})
+    samples = [Shapes(size=32, sleep_ms=0)[i] for i in range(3)]
+    assert [len(b) for b in padded(samples)["boxes"]] == [4, 4, 4]
+
+
+def test_a_stream_of_dict_samples_trains_and_its_split_is_checked(tmp_path):
+    stream = [*DETECTION, "dataset._target_=tests.custom_parts.ShapeStream"]
+    stream += ["loader.num_workers=2", "trainer.max_steps=20"]
+    metrics = feedrate.run(feedrate.compose(shrink(stream), config_dir=CONF), tmp_path / "split")
+    assert metrics["steps"] == 20 and metrics["final_loss"] > 0
+    unsplit = [*stream, "dataset._target_=tests.custom_parts.UnsplitShapeStream"]
+    with pytest.raises(DatasetError, match="every DataLoader worker reads the same samples"):
+        feedrate.run(feedrate.compose(shrink(unsplit), config_dir=CONF), tmp_path / "unsplit")
 
 
 def test_loader_autotune_tunes_a_loader_of_your_own_collate(tmp_path, monkeypatch):

@@ -144,7 +144,7 @@ class CountingCollate:
 def user_collate(named: dict | str) -> Callable[[list], object]:
     """The collate function ``loader.collate_fn`` names, its other keys bound by keyword (a
     class: its instance, built from them)."""
-    return targets.bound("loader.collate_fn", named, takes=1)
+    return targets.bound("loader.collate_fn", named, call="collate_fn(samples)")
 
 
 def produced_samples(loader: DataLoader) -> int | None:

@@ -66,7 +66,9 @@ class Step:
         cfg = {"_target_": DEFAULT} if cfg is None else cfg
         self.objective = objective  # the run returns it: an accuracy needs logits and labels
         self.target = str(targets.target_of(cfg))
-        self.fn = targets.bound("trainer.step", cfg, takes=2, passed=("normalise",))
+        self.fn = targets.bound(
+            "trainer.step", cfg, call="step(model, batch)", passed=("normalise",)
+        )
         given = targets.keys_of(cfg)
         self.takes_normalise = targets.accepts(self.fn, "normalise") and "normalise" not in given
         self.classifies = self.target == DEFAULT

@@ -24,6 +24,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from feedrate.batch import apply, tensors
 from feedrate.datacache import ensure_shards
 from feedrate.errors import CUDA_AFTER_FORK, ConfigError, DatasetError, SampleError
 
@@ -150,12 +151,12 @@ def nothing_here(dataset: Any) -> DatasetError:
 
 
 def _fingerprint(sample: Any) -> bytes:
+    """A sample's identity: the bytes of its tensors at any depth (a pair, a dict of an image
+    and its boxes), its other fields as written."""
     digest = hashlib.blake2b(digest_size=16)
-    for part in sample if isinstance(sample, (tuple, list)) else (sample,):
-        if isinstance(part, torch.Tensor):
-            digest.update(part.numpy().tobytes())
-        else:
-            digest.update(repr(part).encode())
+    for part in tensors(sample):
+        digest.update(part.contiguous().numpy().tobytes())
+    digest.update(repr(apply(sample, lambda t: tuple(t.shape))).encode())
     return digest.digest()
 
 

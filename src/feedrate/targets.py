@@ -90,11 +90,12 @@ def load(key: str, target: Any) -> Callable:
     return obj
 
 
-def bound(key: str, node: Any, takes: int, passed: tuple[str, ...] = ()) -> Callable:
+def bound(key: str, node: Any, call: str, passed: tuple[str, ...] = ()) -> Callable:
     """The function ``node`` names with its keys bound by keyword, or an instance of the
     class it names built from them; checked first: the keys against the signature, and that
-    nothing but the ``takes`` leading arguments (the batch; the model and the batch) and the
-    ``passed`` ones is left for the caller to give."""
+    it can be called as the loop calls it, ``call`` (``step(model, batch)``: its leading
+    arguments by position, then the ``passed`` ones by keyword where it names them), with
+    nothing else left to give."""
     target = target_of(node)
     fn = load(key, target)
     given = keys_of(node)
@@ -108,13 +109,31 @@ def bound(key: str, node: Any, takes: int, passed: tuple[str, ...] = ()) -> Call
             )
         fn = fn(**given)  # its instance is called on each batch
         given = {}
+    takes = call.count(",") + 1
+    positional = _positional(fn, given)
     need = [n for n in missing(fn, given)[takes:] if n not in passed]
-    if need:
+    if (positional is not None and positional < takes) or need:
+        whole = call.rstrip(")").split("(")[1].split(",")[-1].strip()
+        fix = f"take those {takes} arguments"
+        if need and (positional is None or positional >= takes):
+            fix = f"give {need[0]} with +{key}.{need[0]}=<value>, or take the {whole} whole"
+            fix += " and unpack it inside"
         raise ConfigError(
-            f"{key}._target_={target} needs {need[0]}, which the config does not give:"
-            f" add it with +{key}.{need[0]}=<value> (the loop passes only the first {takes})"
+            f"{key}._target_={target} takes ({', '.join(arguments(fn)) or 'no arguments'}),"
+            f" and the loop calls it as {call}: {fix} (docs/custom.md)"
         )
     return functools.partial(fn, **given) if given else fn
+
+
+def _positional(obj: Callable, given: Iterable[str]) -> int | None:
+    """How many arguments ``obj`` takes by position, those ``given`` by keyword left out;
+    None: any number (``*args``, or no signature to read)."""
+    sig = _signature(obj)
+    if sig is None or any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values()):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    have = set(given)
+    return sum(1 for p in sig.parameters.values() if p.kind in kinds and p.name not in have)
 
 
 def _signature(obj: Callable) -> inspect.Signature | None:
