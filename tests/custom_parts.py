@@ -96,3 +96,45 @@ def padded_collate(samples, pad_to):
     batch = collate(samples)
     batch["boxes"] = [nn.functional.pad(b, (0, 0, 0, pad_to - len(b))) for b in batch["boxes"]]
     return batch
+
+
+def no_model_step(batch, normalise):
+    """Forgot the model, and names normalise."""
+    return normalise(batch["images"]).mean()
+
+
+class StepHolder:
+    def step(self, model, batch):
+        return model(batch["images"])[0].mean()
+
+
+def weighted_step(model, batch, *, weight):
+    """A setting of its own, by keyword only: given as +trainer.step.weight=W."""
+    logits, corners = model(batch["images"].float())
+    return weight * (logits.mean() + corners.mean())
+
+
+class NotCallable:
+    """A class named as a step: its instances are not functions."""
+
+
+def keyword_step(model, batch, *, normalise):
+    logits, _ = model(normalise(batch["images"]))
+    return logits.mean()
+
+
+def any_step(*args, **kwargs):
+    model, batch = args
+    logits, _ = model(kwargs["normalise"](batch["images"]))
+    return logits.mean()
+
+
+class CallableStep:
+    """A step class: built from its keys, its instance called on each batch."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def __call__(self, model, batch, normalise):
+        logits, _ = model(normalise(batch["images"]))
+        return self.scale * logits.mean()

@@ -202,29 +202,74 @@ def test_what_a_step_returns_is_checked():
     assert step.checked(torch.tensor(1.0), training=False).loss == 1.0  # evaluation: no grad
 
 
-def test_a_step_or_collate_the_loop_cannot_call_is_named_before_the_run():
-    for target, says in [
+@pytest.mark.parametrize(
+    ("target", "says"),
+    [
         (
             "unpacked_step",
-            "takes (model, images, labels), and the loop calls it as step(model, batch): give"
-            " labels with +trainer.step.labels=<value>, or take the batch whole and unpack it"
-            " inside (docs/custom.md)",
+            "takes (model, images, labels), and the loop calls it as step(model, batch):"
+            " missing a required argument: 'labels'. Give it with +trainer.step.labels=<value>,"
+            " or take the batch as one argument and read its parts inside",
         ),
         (
             "batch_only_step",
-            "takes (batch), and the loop calls it as step(model, batch): take those 2"
-            " arguments (docs/custom.md)",
+            "takes (batch), and the loop calls it as step(model, batch): too many positional"
+            " arguments. Make its first arguments (model, batch)",
         ),
-    ]:
-        with pytest.raises(ConfigError) as caught:
-            Step({"_target_": f"tests.custom_parts.{target}"})
-        assert str(caught.value) == f"trainer.step._target_=tests.custom_parts.{target} {says}"
+        (  # normalise, passed by keyword, is taken for the batch's place
+            "no_model_step",
+            "takes (batch, normalise), and the loop calls it as step(model, batch): multiple"
+            " values for argument 'normalise'. Make its first arguments (model, batch)",
+        ),
+        (
+            "StepHolder.step",  # a method named through its class: self is not given
+            "takes (self, model, batch), and the loop calls it as step(model, batch): missing"
+            " a required argument: 'batch'. Make its first arguments (model, batch)",
+        ),
+        (
+            "weighted_step",
+            "takes (model, batch, *, weight), and the loop calls it as step(model, batch):"
+            " missing a required argument: 'weight'. Give it with +trainer.step.weight=<value>",
+        ),
+        (
+            "NotCallable",
+            "is a class whose instances cannot be called: give it a __call__ that takes what"
+            " step(model, batch) passes",
+        ),
+    ],
+)
+def test_a_step_the_loop_cannot_call_is_named_before_the_run(target, says):
+    with pytest.raises(ConfigError) as caught:
+        Step({"_target_": f"tests.custom_parts.{target}"})
+    assert str(caught.value).startswith(f"trainer.step._target_=tests.custom_parts.{target} {says}")
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        {"_target_": "tests.custom_parts.keyword_step"},  # normalise by keyword only
+        {"_target_": "tests.custom_parts.any_step"},  # *args, **kwargs
+        {"_target_": "tests.custom_parts.CallableStep", "scale": 2.0},  # an instance
+        {"_target_": "tests.custom_parts.weighted_step", "weight": 0.5},
+        {"_target_": "examples.detection.detection_step"},
+    ],
+    ids=lambda node: node["_target_"].rsplit(".", 1)[1],
+)
+def test_steps_the_loop_can_call_are_taken(node):
+    step = Step(node)
+    model = TinyDetector(3, hidden=4)
+    batch = collate([Shapes(size=32, sleep_ms=0)[i] for i in range(2)])
+    assert step(model, batch, lambda x: x.float() / 255).loss.requires_grad
+
+
+def test_a_collate_function_with_a_setting_of_its_own_is_told_where_to_give_it():
     with pytest.raises(ConfigError) as caught:
         user_collate("tests.custom_parts.padded_collate")
-    assert str(caught.value).startswith(
+    assert str(caught.value) == (
         "loader.collate_fn._target_=tests.custom_parts.padded_collate takes (samples, pad_to),"
-        " and the loop calls it as collate_fn(samples): give pad_to with"
-        " +loader.collate_fn.pad_to=<value>"
+        " and the loop calls it as collate_fn(samples): missing a required argument:"
+        " 'pad_to'. Give it with +loader.collate_fn.pad_to=<value>, or take the samples as one"
+        " argument and read its parts inside (docs/custom.md)"
     )
     padded = user_collate({"_target_": "tests.custom_parts.padded_collate", "pad_to": 4})
     samples = [Shapes(size=32, sleep_ms=0)[i] for i in range(3)]

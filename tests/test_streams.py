@@ -19,7 +19,13 @@ import torch
 from feedrate.checkpoint import Position, Reader, save_stream, stream_state
 from feedrate.errors import DatasetError
 from feedrate.loader import build_loader
-from feedrate.stream import GuardedStream, ShardStream, build_webdataset, check_split_by_worker
+from feedrate.stream import (
+    GuardedStream,
+    ShardStream,
+    _fingerprint,
+    build_webdataset,
+    check_split_by_worker,
+)
 
 from .conftest import run_cli, shrink
 
@@ -359,3 +365,17 @@ def test_a_stream_is_refused_a_val_split_a_skip_from_outside_and_emptiness(tmp_p
     empty = train_here(*_numbers(tmp_path, "dataset.n=0"), env=env)
     assert empty.returncode == 2, empty.stdout[-2000:]
     assert "the stream Numbers yielded nothing in this process" in empty.stdout
+
+
+def test_the_probe_tells_samples_apart_by_every_byte_of_any_structure():
+    image = torch.zeros(3, 64, 64, dtype=torch.uint8)
+    other = image.clone()
+    other[1, 32, 32] = 1  # inside what a tensor's repr leaves out
+    sample = {"image": image, "boxes": [torch.ones(2, 4)], "id": "a"}
+    assert _fingerprint(sample) != _fingerprint({**sample, "image": other})
+    assert _fingerprint(sample) != _fingerprint({**sample, "id": "b"})
+    assert _fingerprint(sample) == _fingerprint({**sample, "image": image.clone()})
+    # a dtype numpy lacks, a tensor that needs a gradient, a view out of order: read too
+    half = torch.arange(6.0).reshape(2, 3)
+    for odd in (half.bfloat16(), half.requires_grad_(), half.t()):
+        assert _fingerprint((odd, 1)) != _fingerprint((odd + 1, 1))

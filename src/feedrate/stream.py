@@ -16,6 +16,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from feedrate.batch import apply, tensors
+from feedrate.batch import tensors
 from feedrate.datacache import ensure_shards
 from feedrate.errors import CUDA_AFTER_FORK, ConfigError, DatasetError, SampleError
 
@@ -152,12 +153,23 @@ def nothing_here(dataset: Any) -> DatasetError:
 
 def _fingerprint(sample: Any) -> bytes:
     """A sample's identity: the bytes of its tensors at any depth (a pair, a dict of an image
-    and its boxes), its other fields as written."""
+    and its boxes; any dtype, on any device), and its layout with its other fields."""
     digest = hashlib.blake2b(digest_size=16)
     for part in tensors(sample):
-        digest.update(part.contiguous().numpy().tobytes())
-    digest.update(repr(apply(sample, lambda t: tuple(t.shape))).encode())
+        digest.update(part.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    digest.update(_layout(sample).encode())
     return digest.digest()
+
+
+def _layout(sample: Any) -> str:
+    """The structure of a sample: its tensors as dtype and shape, other values as written."""
+    if isinstance(sample, torch.Tensor):
+        return f"{sample.dtype}{tuple(sample.shape)}"
+    if isinstance(sample, Mapping):
+        return "{" + ", ".join(f"{k!r}: {_layout(v)}" for k, v in sample.items()) + "}"
+    if isinstance(sample, (list, tuple)):
+        return "[" + ", ".join(_layout(v) for v in sample) + "]"
+    return repr(sample)
 
 
 def _same_seed(worker_id: int) -> None:

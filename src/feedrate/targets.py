@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -109,31 +110,46 @@ def bound(key: str, node: Any, call: str, passed: tuple[str, ...] = ()) -> Calla
             )
         fn = fn(**given)  # its instance is called on each batch
         given = {}
-    takes = call.count(",") + 1
-    positional = _positional(fn, given)
-    need = [n for n in missing(fn, given)[takes:] if n not in passed]
-    if (positional is not None and positional < takes) or need:
-        whole = call.rstrip(")").split("(")[1].split(",")[-1].strip()
-        fix = f"take those {takes} arguments"
-        if need and (positional is None or positional >= takes):
-            fix = f"give {need[0]} with +{key}.{need[0]}=<value>, or take the {whole} whole"
-            fix += " and unpack it inside"
+    if not callable(fn):
         raise ConfigError(
-            f"{key}._target_={target} takes ({', '.join(arguments(fn)) or 'no arguments'}),"
-            f" and the loop calls it as {call}: {fix} (docs/custom.md)"
+            f"{key}._target_={target} is a class whose instances cannot be called: give it a"
+            f" __call__ that takes what {call} passes"
         )
+    wrong = _called_as(key, fn, call, given, passed)
+    if wrong:
+        raise ConfigError(f"{key}._target_={target} {wrong} (docs/custom.md)")
     return functools.partial(fn, **given) if given else fn
 
 
-def _positional(obj: Callable, given: Iterable[str]) -> int | None:
-    """How many arguments ``obj`` takes by position, those ``given`` by keyword left out;
-    None: any number (``*args``, or no signature to read)."""
-    sig = _signature(obj)
-    if sig is None or any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values()):
-        return None
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    have = set(given)
-    return sum(1 for p in sig.parameters.values() if p.kind in kinds and p.name not in have)
+def _called_as(key: str, fn: Callable, call: str, given: Mapping, passed: tuple[str, ...]) -> str:
+    """What stops ``fn`` from being called as ``call`` (``step(model, batch)``: its arguments
+    by position) with the ``given`` keys and the ``passed`` names it takes by keyword, in
+    words; empty where nothing does (or no signature can be read)."""
+    sig = _signature(fn)
+    if sig is None:
+        return ""
+    names = call.rstrip(")").split("(")[1].split(", ")
+    by_name = dict(given) | {n: None for n in passed if accepts(fn, n) and n not in given}
+    try:
+        sig.bind(*names, **by_name)
+    except TypeError as exc:
+        why = f"takes {_bare(sig)}, and the loop calls it as {call}: {exc}"
+        lacking = re.fullmatch(r"missing a required (?:keyword-only )?argument: '(\w+)'", str(exc))
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL)
+        name = lacking[1] if lacking else ""
+        if name and name not in names and sig.parameters[name].kind not in positional:
+            return (
+                f"{why}. Give it with +{key}.{name}=<value>, or take the {names[-1]} as one"
+                " argument and read its parts inside"
+            )
+        return f"{why}. Make its first arguments ({', '.join(names)})"
+    return ""
+
+
+def _bare(sig: inspect.Signature) -> str:
+    """A signature as written, its annotations left out: ``(model, batch, *, weight=1.0)``."""
+    params = [p.replace(annotation=p.empty) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=params, return_annotation=sig.empty))
 
 
 def _signature(obj: Callable) -> inspect.Signature | None:
