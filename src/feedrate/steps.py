@@ -57,6 +57,11 @@ class Output:
     def scored(self) -> bool:
         return self.logits is not None and self.labels is not None
 
+    @property
+    def parts(self) -> tuple:
+        """(loss, logits, labels), as the meter takes them."""
+        return self.loss, self.logits, self.labels
+
 
 class Step:
     """``trainer.step`` resolved and checked before anything runs: ``step(model, batch,

@@ -143,6 +143,24 @@ def _step(
     return out
 
 
+def _stepper(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    hw: Hardware,
+    step: Step,
+    normalise: Callable[..., torch.Tensor],
+    measure: Measure,
+) -> Callable[[Any], Output]:
+    """What the loop does with a batch: one optimiser step, or nothing where only the loader
+    is measured (``trainer.measure=loader``)."""
+    if measure is Measure.loader:
+        return lambda batch: Output(None)
+    # a batch reused for every step (measure=compute) must survive its normalisation
+    prepare = functools.partial(normalise, inplace=measure is not Measure.compute)
+    return lambda batch: _step(model, optimizer, scaler, hw, step, batch, prepare)
+
+
 def _save_if_due(
     checkpoints: Checkpoints,
     step: int,
@@ -461,21 +479,16 @@ def train(
     ranks = ranks or distributed.Ranks()
     args = dict(total=total, measure=measure, monitor=monitor, hw=hw, bar=bar, ranks=ranks)
     meter = _Meters(cfg, loader, where, preset_wait, **args)
-    scaler, trained = _scaler(hw, resume), 0
+    scaler, trained, stopped_at = _scaler(hw, resume), 0, None
     model.train()
     # A stream's epochs end when it runs out, not at its length's estimate
     streaming = is_stream(getattr(loader, "dataset", None))
     step_limit = cfg.max_steps if streaming else total
-    stopped_at = None
 
     def position() -> Position:
         return where.position(scaler, loader, meter.tuned)
 
-    step = step or Step(None)
-    per_batch = getattr(loader, "batch_size", None) or 1
-    # a batch reused for every step (measure=compute) must survive its normalisation
-    prepare = functools.partial(normalise, inplace=measure is not Measure.compute)
-
+    run_step = _stepper(model, optimizer, scaler, hw, step or Step(None), normalise, measure)
     with _uneven_inputs(model, streaming):
         while stopped_at is None:
             meter().epoch_started()
@@ -484,14 +497,11 @@ def train(
             if measure is Measure.compute:
                 batches = _resident(batches, meter)
             for batch in batches:
-                out = Output(None)  # trainer.measure=loader: no model step
-                if measure is not Measure.loader:
-                    out = _step(model, optimizer, scaler, hw, step, batch, prepare)
+                out = run_step(batch)
                 where.step += 1
-                n = batch_len(batch) or per_batch
+                n = batch_len(batch) or getattr(loader, "batch_size", None) or 1
                 trained += n
-                scored = (out.loss, out.logits, out.labels)
-                done = meter.step_done(meter().step_done(where.step, n, *scored))
+                done = meter.step_done(meter().step_done(where.step, n, *out.parts))
                 bar.update(1)
                 if monitor.tripped:  # the memory guard: stop before the OOM killer does
                     raise LoaderFailure(monitor.tripped)
