@@ -70,6 +70,8 @@ def batch_only_step(batch):
 class ShapeStream(IterableDataset):
     """examples.detection.Shapes as a stream of dict samples, each worker reading its share."""
 
+    classes = Shapes.classes
+
     def __init__(self, length: int = 256, size: int = 32, sleep_ms: float = 0.0) -> None:
         self.shapes = Shapes(length, size, sleep_ms)
 
