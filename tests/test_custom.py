@@ -150,6 +150,13 @@ def test_num_classes_is_passed_only_where_the_model_takes_it():
             " config does not give: add it with +loader.collate_fn.size=<value>",
         ),
         (
+            # Hydra keeps the last: the short form replaced the key given before it
+            ["+trainer.step.box_weight=2", "trainer.step=examples.detection.detection_step"],
+            "trainer.step is given keys (box_weight) and the short form"
+            " trainer.step=examples.detection.detection_step: with keys, name the function or"
+            " class as trainer.step._target_=my_pkg.module.name",
+        ),
+        (
             ["trainer.step._target_=feedrate.steps.classify"],
             "the training step trainer.step._target_=feedrate.steps.classify trains (images,"
             " labels) batches, and the batch is a dict with images, boxes, labels: name a step"
@@ -168,6 +175,7 @@ def test_num_classes_is_passed_only_where_the_model_takes_it():
         "model-unset",
         "collate-fails-in-process",
         "collate-class-key",
+        "short-form-after-its-key",
         "default-step-dict-samples",
     ],
 )
@@ -185,6 +193,36 @@ def test_what_is_wrong_with_your_own_parts_is_one_line_that_names_the_key(
     assert expected in out, out[-3000:]
     assert "Traceback" not in out
     assert not (tmp_path / "metrics.json").exists()
+
+
+def test_a_key_beside_a_part_named_in_short_is_refused_in_either_order(compose):
+    from feedrate import targets
+
+    short = "trainer.step=examples.detection.detection_step"
+    keys_then = compose(*DETECTION, short, "+trainer.step.box_weight=2")  # the keys replace it
+    with pytest.raises(ConfigError, match=r"trainer.step is given keys \(box_weight\) and no _"):
+        Step(keys_then.trainer.step)
+    then_keys = ["+trainer.step.box_weight=2", short]  # it replaces the keys
+    with pytest.raises(ConfigError, match=r"and the short form trainer.step=examples.detec"):
+        targets.check_short_forms(compose(*DETECTION, *then_keys), then_keys)
+    named = [
+        "trainer.step._target_=examples.detection.detection_step",
+        "+trainer.step.box_weight=2",
+    ]
+    targets.check_short_forms(compose(*DETECTION, *named), named)  # the way to give keys
+    assert Step(compose(*DETECTION, *named).trainer.step) is not None
+
+
+def test_a_key_your_model_does_not_take_says_model_custom_only_under_a_builtin_config():
+    from feedrate.model import check_model
+
+    under_custom = {"_target_": "examples.detection.TinyDetector", "_partial_": True, "hiden": 3}
+    with pytest.raises(ConfigError) as typo:
+        check_model(OmegaConf.create(under_custom))
+    assert str(typo.value).endswith("('~model.hiden' on the command line)")
+    under_builtin = {"_target_": "examples.detection.TinyDetector", "_partial_": True, "width": 16}
+    with pytest.raises(ConfigError, match=r"for a model of your own: model=custom model._target_="):
+        check_model(OmegaConf.create(under_builtin))
 
 
 def test_what_a_step_returns_is_checked():

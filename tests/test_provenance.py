@@ -66,6 +66,35 @@ def test_the_warning_names_what_differs(here):
     assert provenance.travel_warning("tuned_2core", _measured_on(here), here) is None
 
 
+def test_a_preset_of_another_workload_here_names_the_command_that_makes_this_one(compose):
+    """The same machine, another workload: said so, and the command that tunes for this one
+    keeps the workload's own parts (step, collate function, their keys) and nothing the
+    sweep sets itself."""
+    given = (
+        "dataset=custom",
+        "model=custom",
+        "+model.hidden=8",
+        "trainer.step._target_=examples.detection.detection_step",
+        "+trainer.step.box_weight=2",
+        "loader.collate_fn._target_=examples.detection.collate",
+        "+loader.collate_fn.pad=4",
+    )
+    cfg = compose()
+    fp = hardware.detect()
+    here = provenance.Here.of(
+        cfg,
+        fp,
+        hardware.resolve(cfg.hardware, fp),
+        ["loader=recipe", "loader.num_workers=2", "trainer.max_steps=9", "hydra.run.dir=x", *given],
+    )
+    assert here.command == given
+    other = _measured_on(here)
+    other["workload"]["model"] = {"target": "torchvision.models.resnet18"}
+    warning = provenance.travel_warning("mine", other, here)
+    assert warning.startswith("loader=mine was measured on another workload: the workload differs")
+    assert warning.endswith(f"sweep.preset_name=mine_here {' '.join(given)}")
+
+
 def test_a_preset_tuned_for_another_number_of_ranks_says_what_it_was_tuned_for(here, tmp_path):
     """Ranks on one node share its cores: a one-process preset under torchrun with 2 ranks
     is another workload (warned, and not loader=auto's pick), and the command says how to

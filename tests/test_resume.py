@@ -3,6 +3,7 @@ ends where the uninterrupted run ends."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -227,3 +228,39 @@ def test_a_ctrl_c_while_forked_workers_start_is_held_then_stops_the_run(tmp_path
     with pytest.raises(feedrate.errors.Interrupted, match=r"interrupted \(Ctrl-C\) at step 1 of"):
         feedrate.run(cfg, output_dir=tmp_path)
     assert sent and _state(tmp_path)["step"] == 1
+
+
+def test_a_resume_that_does_not_fit_names_the_command_that_continues_the_run(tmp_path, compose):
+    """A resume whose overrides differ from the run's (a model of the user's, left out of the
+    resume's command line) is told the command that run saved, not to guess it."""
+    from feedrate import checkpoint
+    from feedrate.errors import ConfigError
+
+    cfg = compose()
+    theirs, mine = torch.nn.Linear(4, 2), torch.nn.Linear(3, 2)
+    again = "python train.py hydra.run.dir=runs/a model=custom model._target_=pkg.Net"
+    again += " trainer.resume=true"
+    optimizer = torch.optim.SGD(theirs.parameters(), lr=0.1)
+    saved = checkpoint.save(
+        tmp_path / "last.pt", theirs, optimizer, checkpoint.Position(3), cfg, 8, again
+    )
+    state = checkpoint.load(saved)
+    with pytest.raises(
+        ConfigError, match=f"resume with the overrides the run started with: {again}$"
+    ):
+        checkpoint.restore(state, saved, mine, torch.optim.SGD(mine.parameters()), 10, 8)
+    del state["resume"]  # a checkpoint from before the command was kept: what it trained
+    with pytest.raises(ConfigError, match=r"started with \(model._target_=feedrate.model.TinyCNN"):
+        checkpoint.restore(state, saved, mine, torch.optim.SGD(mine.parameters()), 10, 8)
+
+
+def test_a_finished_run_trains_further_only_when_told_and_keeps_its_figures(tmp_path, compose):
+    from feedrate.errors import ConfigError
+
+    feedrate.run(compose("trainer.max_steps=6"), tmp_path)
+    with pytest.raises(ConfigError, match="is at step 6, and this run stops at step 6: it is com"):
+        feedrate.run(compose("trainer.max_steps=6", "trainer.resume=true"), tmp_path)
+    further = feedrate.run(compose("trainer.max_steps=10", "trainer.resume=true"), tmp_path)
+    assert further["steps"] == 10
+    before = json.loads((tmp_path / "metrics_until_step_6.json").read_text())
+    assert before["steps"] == 6 and (tmp_path / "environment_until_step_6.json").exists()

@@ -75,8 +75,10 @@ def save(
     position: Position,
     cfg: DictConfig,
     batch_size: int,
+    resume: str = "",
 ) -> Path:
-    """Write the whole training state to ``path`` atomically (the old file stays intact)."""
+    """Write the whole training state to ``path`` atomically (the old file stays intact).
+    ``resume``: the command that continues the run, which a resume that does not fit names."""
     return save_checkpoint(
         path,
         {
@@ -92,8 +94,23 @@ def save(
             "batch_size": batch_size,
             "rng": rng_state(),
             "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+            "resume": resume,
         },
     )
+
+
+def _made_by(state: dict) -> str:
+    """The command that continues the run which saved ``state`` (its model, dataset and
+    step where an older checkpoint did not record it)."""
+    if state.get("resume"):
+        return f": {state['resume']}"
+    cfg = state.get("config") or {}
+    parts = [
+        f"{key}._target_={(cfg.get(key) or {}).get('_target_')}"
+        for key in ("model", "dataset")
+        if isinstance(cfg.get(key), dict) and (cfg.get(key) or {}).get("_target_")
+    ]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def rank_path(path: Path, rank: int) -> Path:
@@ -194,7 +211,7 @@ def restore(
         first = str(exc).strip().splitlines()[0]
         raise ConfigError(
             f"the checkpoint {path} does not fit this run's model or optimizer ({first}):"
-            " resume with the model=, trainer.optimizer and dataset the run started with"
+            f" resume with the overrides the run started with{_made_by(state)}"
         ) from exc
     if total_steps is not None and state["step"] >= total_steps:
         raise ConfigError(

@@ -29,7 +29,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from feedrate import autotune, checkpoint, distributed, environment, hardware, provenance
+from feedrate import autotune, checkpoint, distributed, environment, hardware, provenance, targets
 from feedrate.batch import nbytes
 from feedrate.checks import validate
 from feedrate.errors import ConfigError, FeedrateError, Interrupted
@@ -243,6 +243,7 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
         say=ranks.is_main,
     )
     validate(cfg)
+    targets.check_short_forms(cfg, _overrides())
     if cfg.loader.autotune:
         autotune.check(cfg)
     hw = distributed.setup(ranks, resolved)
@@ -396,6 +397,7 @@ def _train_guarded(
 def _checkpoints(run: Run, work: Workload) -> Checkpoints:
     trainer = run.cfg.trainer
     batch_size = work.loader.batch_size
+    resume = f"{command()} {' '.join(_overrides(run.out))} trainer.resume=true"
 
     def save(position: checkpoint.Position) -> Path:
         # each rank its stream's place (if it can say it); rank 0 the checkpoint
@@ -404,7 +406,7 @@ def _checkpoints(run: Run, work: Workload) -> Checkpoints:
             return run.checkpoint
         weights = distributed.unwrap(work.model)
         return checkpoint.save(
-            run.checkpoint, weights, work.optimizer, position, run.cfg, batch_size
+            run.checkpoint, weights, work.optimizer, position, run.cfg, batch_size, resume
         )
 
     return Checkpoints(
@@ -412,7 +414,7 @@ def _checkpoints(run: Run, work: Workload) -> Checkpoints:
         # on every rank: each pauses (and re-warms) while rank 0 saves
         every=trainer.checkpoint_every if trainer.save_checkpoint else None,
         interrupt=threading.Event(),
-        resume_hint=f"{command()} {' '.join(_overrides(run.out))} trainer.resume=true",
+        resume_hint=resume,
     )
 
 

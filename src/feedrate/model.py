@@ -10,8 +10,21 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from feedrate import targets
-from feedrate.config import execution_whitelist
+from feedrate.config import (
+    PooledLinearConfig,
+    TinyCNNConfig,
+    TorchvisionModelConfig,
+    execution_whitelist,
+)
 from feedrate.errors import ConfigError
+
+# the keys of the built-in models' configs: a class of the user's under one of them is told
+# to take model=custom
+BUILTIN_KEYS = {
+    name
+    for schema in (TinyCNNConfig, PooledLinearConfig, TorchvisionModelConfig)
+    for name in schema.__dataclass_fields__
+} - set(targets.META)
 
 
 class TinyCNN(nn.Module):
@@ -69,7 +82,12 @@ def check_model(cfg: DictConfig) -> tuple[Callable[..., nn.Module], list[str]]:
     cls = targets.load("model", target)
     given = [k for k in cfg if k not in targets.META]
     builtin = str(target).startswith(("feedrate.", "torchvision."))
-    hint = "" if builtin else f"; for a model of your own: model=custom model._target_={target}"
+
+    def hint(name: str) -> str:  # a built-in model's key, under a class of the user's
+        if builtin or name not in BUILTIN_KEYS:
+            return ""
+        return f"; for a model of your own: model=custom model._target_={target}"
+
     targets.check_keys("model", str(target), cls, given, hint)
     return cls, given
 

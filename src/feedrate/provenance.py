@@ -154,10 +154,11 @@ class Here:
     def of(cls, cfg: DictConfig, fp: Fingerprint, hw: Hardware, overrides=()) -> Here:
         # not the loader (the sweep searches it), nor how long this run trains (the sweep's
         # trials set their own), nor where it writes
-        own = ("loader=", "loader.", "+loader.", "hydra.", "sweep", "trainer.")
-        command = tuple(
-            o for o in overrides if not o.startswith(own) or o.startswith("trainer.measure=")
-        )
+        own = ("loader=", "loader.", "+loader.", "hydra.", "sweep", "trainer.", "+trainer.")
+        # but the workload's own parts are: the step, the collate function and their keys
+        parts = ("trainer.measure=", "trainer.step", "+trainer.step.", "loader.collate_fn")
+        parts += ("+loader.collate_fn.",)
+        command = tuple(o for o in overrides if not o.startswith(own) or o.startswith(parts))
         ranks = distributed.from_env().local_world_size
         workload = workload_facts(cfg, precision(hw.amp_dtype), ranks)
         return cls(machine_facts(fp), workload, command)
@@ -185,8 +186,9 @@ def travel_warning(name: str, measured_on: dict, here: Here) -> str | None:
         parts.append(f"the workload differs ({', '.join(workload)})")
     ranks = here.workload.get("ranks_per_node", 1)
     as_run = [f"sweep.ranks_per_node={ranks}"] if ranks > 1 else []  # the job as it runs
+    where = "elsewhere" if machine else "on another workload"
     return (
-        f"loader={name} was measured elsewhere: {'; '.join(parts)}. Its settings may be wrong"
+        f"loader={name} was measured {where}: {'; '.join(parts)}. Its settings may be wrong"
         f" here; tune for this machine and workload: {command(sweep=True)}"
         f" sweep.preset_name={name}_here {' '.join([*as_run, *here.command]) or '[your overrides]'}"
     ).rstrip()

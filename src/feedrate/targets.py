@@ -12,10 +12,13 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from feedrate.config import DEFAULT_COLLATE, DEFAULT_STEP
 from feedrate.errors import ConfigError
 
 META = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")  # Hydra's, not arguments
+SHORT_FORMS = ("trainer.step", "loader.collate_fn")  # may be named in short: key=pkg.fn
 
 
 def target_of(node: Any) -> str | None:
@@ -98,8 +101,10 @@ def bound(key: str, node: Any, call: str, passed: tuple[str, ...] = ()) -> Calla
     arguments by position, then the ``passed`` ones by keyword where it names them), with
     nothing else left to give."""
     target = target_of(node)
-    fn = load(key, target)
     given = keys_of(node)
+    if not target and given:  # `key=pkg.fn +key.k=v`: the keys replaced the short form
+        raise ConfigError(_keys_without_target(key, given, "no _target_"))
+    fn = load(key, target)
     check_keys(key, str(target), fn, given)
     if inspect.isclass(fn):
         need = missing(fn, given)
@@ -119,6 +124,30 @@ def bound(key: str, node: Any, call: str, passed: tuple[str, ...] = ()) -> Calla
     if wrong:
         raise ConfigError(f"{key}._target_={target} {wrong} (docs/custom.md)")
     return functools.partial(fn, **given) if given else fn
+
+
+def check_short_forms(cfg: Any, overrides: Iterable[str]) -> None:
+    """A key given for a part named in short (``trainer.step=pkg.fn``) that the short form
+    replaced (``+trainer.step.k=v trainer.step=pkg.fn``: Hydra keeps the last): a
+    ConfigError, not a run without it."""
+    for key in SHORT_FORMS:
+        node = OmegaConf.select(cfg, key)
+        if not isinstance(node, str):
+            continue
+        names = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+        lost = [n.removeprefix(f"{key}.") for n in names if n.startswith(f"{key}.")]
+        lost = [n for n in lost if n not in META]  # a target the short form names again
+        if lost:
+            raise ConfigError(_keys_without_target(key, lost, f"the short form {key}={node}"))
+
+
+def _keys_without_target(key: str, names: Iterable[str], which: str) -> str:
+    return (
+        f"{key} is given keys ({', '.join(names)}) and {which}: with keys, name the function"
+        f" or class as {key}._target_=my_pkg.module.name. The short form"
+        f" {key}=my_pkg.module.name is the whole node: keys beside it replace it, or it"
+        " replaces them"
+    )
 
 
 def _called_as(key: str, fn: Callable, call: str, given: Mapping, passed: tuple[str, ...]) -> str:
@@ -180,9 +209,15 @@ def arguments(obj: Callable) -> list[str]:
     return named
 
 
-def check_keys(key: str, target: str, obj: Callable, given: Iterable[str], fix: str = "") -> None:
+def check_keys(
+    key: str,
+    target: str,
+    obj: Callable,
+    given: Iterable[str],
+    fix: Callable[[str], str] | None = None,
+) -> None:
     """Every key in ``given`` is an argument of ``obj``; else a ConfigError naming the first
-    that is not, what ``obj`` does take, and how to drop it."""
+    that is not, what ``obj`` does take, and how to drop it (and ``fix(name)`` after)."""
     sig = _signature(obj)
     if sig is None or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
         return
@@ -192,7 +227,8 @@ def check_keys(key: str, target: str, obj: Callable, given: Iterable[str], fix: 
         takes = ", ".join(arguments(obj)) or "no keyword arguments"
         raise ConfigError(
             f"{key}.{name} is not an argument of {target}, which takes: {takes}."
-            f" Fix the key, or drop it ('~{key}.{name}' on the command line){fix}"
+            f" Fix the key, or drop it ('~{key}.{name}' on the command line)"
+            f"{fix(name) if fix else ''}"
         )
 
 
