@@ -19,6 +19,7 @@ Contestants (N workers each):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import subprocess
 import sys
@@ -124,6 +125,10 @@ def one(kind: str, workload: str, seconds: float, warmup_s: float) -> dict:
         batch = next(it)
         n += len(batch[0])
     elapsed = time.perf_counter() - t0
+    # end the workers before the interpreter does: a thread killed at exit inside C++ code
+    # (a JPEG decode) aborts the process ("terminate called without an active exception")
+    del it
+    gc.collect()
     return {"samples_per_sec": n / elapsed, "samples": n, "first_batch_s": first}
 
 
