@@ -12,6 +12,9 @@ Contestants (N workers each):
   process            torch's DataLoader, N worker processes (fork), prefetch 2 batches each
   nodes_batch        torchdata.nodes: ParallelMapper(method="thread") over batches of indices,
                      a thread loads a whole batch, as a DataLoader worker does
+  nodes_batch_collate_apart
+                     torchdata.nodes: as nodes_batch, but a thread reads the batch's samples
+                     and one thread apart collates them, ahead of the loop
   nodes_sample       torchdata.nodes: ParallelMapper over indices, then Batcher and the collate
   spdl_sample        SPDL: PipelineBuilder.pipe over indices (N threads), aggregate, collate
 """
@@ -33,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 EPOCHS_OF = 4000  # batches: the order is at least this long
-CONTESTANTS = ("process", "nodes_batch", "nodes_sample", "spdl_sample")
+CONTESTANTS = ("process", "nodes_batch", "nodes_batch_collate_apart", "nodes_sample", "spdl_sample")
 WORKLOADS = {
     # 10 ms of latency a sample (storage, network): waiting holds no core
     "latency": {"overrides": ["dataset=synthetic", "dataset.io_latency_ms=10"], "workers": 32},
@@ -84,6 +87,14 @@ def batches(kind: str, dataset, batch_size: int, workers: int, seed: int = 0):
             node = tn.ParallelMapper(
                 tn.IterableWrapper(plan), load_batch, num_workers=workers, method="thread"
             )
+        elif kind == "nodes_batch_collate_apart":
+            samples = tn.ParallelMapper(
+                tn.IterableWrapper(plan),
+                lambda indices: [dataset[i] for i in indices],
+                num_workers=workers,
+                method="thread",
+            )
+            node = tn.Mapper(samples, default_collate)
         else:
             samples = tn.ParallelMapper(
                 tn.IterableWrapper(order), dataset.__getitem__, num_workers=workers, method="thread"
