@@ -190,10 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     from feedrate.hardware import detect
 
     def ratio(rows: list[dict], kind: str, key: str) -> str:
+        """A rate's ratio with its verdict; megabytes' bare (less is better there, and the
+        verdict words are for rates)."""
         side = {x["round"]: x[key] for x in rows if x["contestant"] == kind}
         base = {x["round"]: x[key] for x in rows if x["contestant"] == "process"}
         c = stats.compare(side, base)
-        return c.describe() if c is not None else "no paired rounds"
+        if c is None:
+            return "no paired rounds"
+        if key == "samples_per_sec":
+            return c.describe()
+        return f"{c.ratio:.2f}x [{c.low:.2f}, {c.high:.2f}] ({min(c.rounds)} rounds)"
 
     runs = []
     machine = detect().short()
