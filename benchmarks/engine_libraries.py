@@ -172,6 +172,41 @@ def measure(kind: str, workload: str, seconds: float, warmup_s: float) -> dict:
     return result
 
 
+def plot(folder: Path) -> Path:
+    """``engines.png`` beside ``results.json``: each contestant's samples/s and peak PSS per
+    round, a panel per workload and figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads((folder / "results.json").read_text())
+    runs = [r for r in data["runs"] if "error" not in r]
+    workloads = list(dict.fromkeys(r["workload"] for r in runs))
+    kinds = [k for k in CONTESTANTS if any(r["contestant"] == k for r in runs)]
+    fig, axes = plt.subplots(2, len(workloads), figsize=(5 * len(workloads), 7), squeeze=False)
+    for col, workload in enumerate(workloads):
+        for row, (key, label) in enumerate(
+            [("samples_per_sec", "samples/s"), ("peak_pss_mb", "peak PSS (MB)")]
+        ):
+            ax = axes[row][col]
+            for i, kind in enumerate(kinds):
+                values = [
+                    r[key] for r in runs if r["workload"] == workload and r["contestant"] == kind
+                ]
+                ax.scatter([i] * len(values), values, s=25)
+            ax.set_xticks(range(len(kinds)), kinds, rotation=30, ha="right", fontsize=8)
+            ax.set_ylabel(label)
+            ax.set_ylim(bottom=0)
+            ax.set_title(f"{workload}: {label}, every round", fontsize=9)
+    fig.suptitle(f"loader alone, {data['machine'].split(' |')[0]}, commit {data['commit'][:7]}")
+    fig.tight_layout()
+    out = folder / "engines.png"
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--one", choices=CONTESTANTS, help=argparse.SUPPRESS)
@@ -181,7 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-seconds", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--plot", type=Path, help="draw engines.png from a folder's results.json")
     args = parser.parse_args(argv)
+    if args.plot:
+        print(plot(args.plot))
+        return 0
     if args.one:
         print(json.dumps(one(args.one, args.workload, args.seconds, args.warmup_seconds)))
         return 0
@@ -233,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         data = {"command": " ".join(sys.argv), "commit": git_commit(), "machine": machine}
         data["runs"] = runs
-        (args.out / "runs.json").write_text(json.dumps({**data, "summary": summary}, indent=1))
+        (args.out / "results.json").write_text(json.dumps({**data, "summary": summary}, indent=1))
+        plot(args.out)
     return 0
 
 

@@ -29,6 +29,7 @@ from feedrate.faults import (
     diagnose,
     send_failure_exit,
 )
+from feedrate.threads import worker_id
 
 from .conftest import ROOT, run_cli, shrink, unshare_works
 
@@ -134,7 +135,7 @@ class CannotSend(Exploding):
 
 class Hangs(Exploding):
     def __getitem__(self, i):
-        if get_worker_info() is not None:
+        if get_worker_info() is not None or worker_id() is not None:  # in a worker
             time.sleep(120)
         return super().__getitem__(i % 5)
 
@@ -165,9 +166,11 @@ def _custom(compose, cls: str, *overrides: str):
     )
 
 
-def test_failing_sample_is_named(compose, tmp_path):
+@pytest.mark.parametrize("engine", ["process", "thread"])
+def test_failing_sample_is_named(compose, tmp_path, engine):
+    cfg = _custom(compose, "Exploding", "loader.num_workers=2", f"loader.engine={engine}")
     with pytest.raises(SampleError) as info:
-        feedrate.run(_custom(compose, "Exploding", "loader.num_workers=2"), output_dir=tmp_path)
+        feedrate.run(cfg, output_dir=tmp_path)
     message = str(info.value)
     assert message.startswith("sample 5 could not be loaded: ValueError: bad record header")
     assert "dataset.on_error=skip" in message
@@ -300,13 +303,12 @@ def test_a_send_failure_exits_with_the_code_of_its_cause():
 
 
 @pytest.mark.quiet  # waits out a hang: runs beside an alone test
-def test_hung_worker_is_stopped_by_the_timeout(compose, tmp_path):
+@pytest.mark.parametrize("engine", ["process", "thread"])
+def test_hung_worker_is_stopped_by_the_timeout(compose, tmp_path, engine):
     t0 = time.monotonic()
     with pytest.raises(LoaderFailure, match="no batch arrived within loader.timeout=2"):
-        feedrate.run(
-            _custom(compose, "Hangs", "loader.num_workers=1", "loader.timeout=2"),
-            output_dir=tmp_path,
-        )
+        hangs = ["loader.num_workers=1", "loader.timeout=2", f"loader.engine={engine}"]
+        feedrate.run(_custom(compose, "Hangs", *hangs), output_dir=tmp_path)
     assert time.monotonic() - t0 < 60
 
 

@@ -102,8 +102,10 @@ def _session_processes(sid: int) -> list[psutil.Process]:
         (signal.SIGINT, ()),
         # persistent workers keep one iterator for every epoch: the order must not depend on it
         (signal.SIGKILL, ("loader.persistent_workers=true",)),
+        (signal.SIGKILL, ("loader.engine=thread",)),
+        (signal.SIGINT, ("loader.engine=thread",)),
     ],
-    ids=["killed", "ctrl-c", "killed-persistent-workers"],
+    ids=["killed", "ctrl-c", "killed-persistent-workers", "killed-threads", "ctrl-c-threads"],
 )
 def test_a_stopped_run_resumes_to_the_same_weights(tmp_path, uninterrupted, sig, extra, train_here):
     stopped, sid = _stop_after_a_checkpoint(tmp_path, sig, extra)

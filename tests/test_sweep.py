@@ -252,6 +252,13 @@ def test_contestants_with_the_same_resolved_settings_are_one():
     assert recipe.values == [500, 530], "both runs are runs of the one configuration"
     with_epochs = [_contestant("a", [1], True, run=cpu_run), _contestant("b", [1], False, run=same)]
     assert len(merge_identical(with_epochs, stream=False)) == 2, "persistence matters with epochs"
+    # thread workers are not processes; a start method or persistence means nothing to them
+    threads = {**cpu_run, "loader": {**cpu_run["loader"], "engine": "thread"}}
+    started = {"multiprocessing_context": "spawn", "persistent_workers": True}
+    forked = {**threads, "loader": {**threads["loader"], **started}}
+    engines = [_contestant(n, [1], n == "p", run=r) for n, r in [("p", cpu_run), ("t", threads)]]
+    engines.append(_contestant("t2", [1], False, run=forked))
+    assert [c.name for c in merge_identical(engines, stream=False)] == ["p", "t"]
 
 
 def test_a_clearly_slower_contestant_stops_early_and_loses():
@@ -1912,6 +1919,19 @@ def test_the_gap_names_the_side_where_the_time_goes():
     assert shares["sharing"] < 0 and "overlap" in words
     words, _ = ceiling.gap(900.0, ceiling.Ceiling(ceiling.GPU, 1000.0, 3000.0))
     assert "the loader sets the pace" in words and "10% is lost" in words
+
+
+def test_a_loader_only_run_that_measured_nothing_leaves_the_gap_out(tmp_path, monkeypatch, caplog):
+    """Seen in a full suite, on a busy machine: the winner's loader-only run left no measured
+    window (0 samples/s), and the gap's division ended the sweep before its preset."""
+    ceiling.Ceiling(ceiling.SHARED, 742.0, 2393.0).write(tmp_path)
+    nothing = TrialResult([], "ok", value=0.0, metrics={})
+    monkeypatch.setattr(ceiling, "run_trial", lambda *args, **kwargs: nothing)
+    timeout = {"launcher": {"timeout_s": 9}}
+    config = OmegaConf.create({"sweep": {"final_seconds": 3}, "hydra": timeout})
+    winner = _contestant("trial 1", [500.0], False)
+    assert ceiling.measure_gap(config, winner, tmp_path, runner=None) is None
+    assert "no gap analysis" in caplog.text and "it measured no samples" in caplog.text
 
 
 def test_a_trial_clearly_below_the_best_stops_measuring_early(compose, tmp_path):

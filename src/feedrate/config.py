@@ -41,6 +41,14 @@ class StartMethod(Enum):
     forkserver = "forkserver"
 
 
+class Engine(Enum):
+    """What runs the loader's workers: processes (the DataLoader) or threads of the training
+    process (feedrate.threads)."""
+
+    process = "process"
+    thread = "thread"
+
+
 class Device(Enum):
     auto = "auto"
     cpu = "cpu"
@@ -129,6 +137,9 @@ class LoaderConfig:
 
     batch_size: int = 64
     num_workers: int = 0
+    # the workers: processes (the DataLoader's) or threads of the training process, which
+    # cost no copy of the dataset and win where samples wait on I/O (docs/design.md)
+    engine: Engine = Engine.process
     pin_memory: bool | None = None
     prefetch_factor: int | None = None
     persistent_workers: bool = False

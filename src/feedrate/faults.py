@@ -41,6 +41,7 @@ class Context:
     peak_pss_mb: float
     timeout_s: float
     worker_exit_codes: list[int] = field(default_factory=list)  # of the workers that ended
+    engine: str = "process"  # loader.engine: thread workers share the process's memory
 
 
 # A worker that cannot send a batch exits with the error's errno when it names a cause below,
@@ -273,7 +274,7 @@ def shm_message(ctx: Context, predicted: bool = False) -> str:
 def check_shm(ctx: Context) -> None:
     """Refuse a loader whose batches in flight cannot fit in the free /dev/shm."""
     shm = shm_bytes()
-    if not ctx.num_workers or shm is None:
+    if not ctx.num_workers or shm is None or ctx.engine == "thread":  # threads share memory
         return
     if shm_needed(ctx) > shm[0] - shm[1]:
         raise LoaderFailure(shm_message(ctx, predicted=True))

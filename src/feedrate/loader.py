@@ -43,6 +43,7 @@ from feedrate.errors import CollateError
 from feedrate.faults import SEND_FAILED, send_failure_exit
 from feedrate.hardware import Hardware, usable_cores
 from feedrate.stream import Repeated, is_resumable, is_stream
+from feedrate.threads import ThreadLoader, check_engine, worker_id
 
 log = logging.getLogger(__name__)
 # trainer.stream=true: the data read again this many times, more than any run reads
@@ -87,9 +88,16 @@ def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
         kwargs["decode"] = decode  # not the DataLoader's: the workload's (feedrate.decode)
     if cfg.num_workers > 0:
         kwargs["prefetch_factor"] = cfg.prefetch_factor  # None: PyTorch's default (2)
-        kwargs["multiprocessing_context"] = start_method(cfg)
+        kwargs["engine"] = _engine(cfg)  # not the DataLoader's: build_loader's
+        processes = kwargs["engine"] == "process"  # thread workers start no process
+        kwargs["multiprocessing_context"] = start_method(cfg) if processes else None
         kwargs["worker_threads"] = cfg.worker_threads  # not the DataLoader's: build_loader's
     return kwargs
+
+
+def _engine(cfg: DictConfig) -> str:
+    engine = cfg.get("engine") or "process"
+    return getattr(engine, "value", engine)
 
 
 def named_collate(cfg: DictConfig) -> dict | str | None:
@@ -115,7 +123,8 @@ class CountingCollate:
     def __call__(self, batch: list) -> object:
         kept = [b for b in batch if b is not None]
         info = get_worker_info()
-        row = self.counts[info.id if info is not None else -1]
+        thread = worker_id()  # loader.engine=thread: the collating thread's (0)
+        row = self.counts[info.id if info is not None else -1 if thread is None else thread]
         row[1] += len(batch) - len(kept)
         if not kept:
             return None  # every sample of this batch was skipped
@@ -125,7 +134,7 @@ class CountingCollate:
             out = [x for x, _ in kept], default_collate([y for _, y in kept])
         else:
             out = default_collate(kept)
-        if info is not None:
+        if info is not None or thread is not None:
             row[0] += len(kept)
         return out
 
@@ -181,6 +190,8 @@ def build_loader(
     encoded = kwargs.pop("decode", None) == "device"
     named = kwargs.pop("collate_fn", None)  # the user's, counted as the default is
     workers = kwargs["num_workers"]
+    if kwargs.pop("engine", "process") == "thread":
+        return _thread_loader(dataset, kwargs, seed, stream, ranks, batch_sampler, encoded, named)
     if workers > 0:
         check_picklable(dataset, kwargs["multiprocessing_context"])
     cores = usable_cores()
@@ -216,6 +227,18 @@ def build_loader(
             worker_init_fn=init,
             **kwargs,
         )
+    kwargs = {**kwargs, "shuffle": False, "sampler": _sampler(dataset, kwargs, seed, stream, ranks)}
+    return _Loader(
+        dataset,
+        generator=generator,
+        collate_fn=CountingCollate(workers, encoded, named),
+        worker_init_fn=init,
+        **kwargs,
+    )
+
+
+def _sampler(dataset: Dataset, kwargs: dict, seed: int, stream: bool, ranks) -> ResumableSampler:
+    """The order the samples are read in: shuffled (or not), this rank's share, resumable."""
     # The shuffle's, apart: with persistent workers the loader draws a base seed once, without
     # them at every epoch; the order must not depend on which, or a resumed run drifts.
     shuffling = torch.Generator().manual_seed(seed)
@@ -229,14 +252,35 @@ def build_loader(
         order = RandomSampler(dataset, generator=shuffling)
     else:
         order = SequentialSampler(dataset)
-    kwargs = {**kwargs, "shuffle": False, "sampler": ResumableSampler(order, shuffling)}
-    return _Loader(
-        dataset,
-        generator=generator,
-        collate_fn=CountingCollate(workers, encoded, named),
-        worker_init_fn=init,
-        **kwargs,
-    )
+    return ResumableSampler(order, shuffling)
+
+
+def _thread_loader(
+    dataset: Dataset,
+    kwargs: dict,
+    seed: int,
+    stream: bool,
+    ranks,
+    batch_sampler: Sampler | None,
+    encoded: bool,
+    named: dict | None,
+) -> ThreadLoader:
+    """``loader.engine=thread``: the same order, batches and collate on thread workers."""
+    check_engine(dataset)
+    workers = kwargs["num_workers"]
+    common = {
+        "num_workers": workers,
+        "collate_fn": CountingCollate(workers, encoded, named),
+        "prefetch_factor": kwargs.get("prefetch_factor"),
+        "pin_memory": kwargs["pin_memory"],
+        "timeout": kwargs["timeout"],
+        "persistent_workers": kwargs["persistent_workers"],
+    }
+    if batch_sampler is not None:
+        return ThreadLoader(dataset, batch_sampler=batch_sampler, **common)
+    order = _sampler(dataset, kwargs, seed, stream, ranks)
+    size, drop = kwargs["batch_size"], kwargs["drop_last"]
+    return ThreadLoader(dataset, sampler=order, batch_size=size, drop_last=drop, **common)
 
 
 class _Loader(DataLoader):

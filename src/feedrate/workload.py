@@ -186,7 +186,8 @@ def build(cfg: DictConfig, hw: Hardware, ranks: Ranks, kept: Kept | None = None)
     args = _loader_args(cfg.loader, hw, ranks)
     if streaming:  # it shuffles itself, in a buffer
         del args["shuffle"]
-    checked = streaming and args["num_workers"] > 1
+    # a stream on thread workers is refused when the loader is built (feedrate.threads)
+    checked = streaming and args["num_workers"] > 1 and args.get("engine") != "thread"
     if checked:
         check_split_by_worker(train_set.dataset, args["multiprocessing_context"])
     size = length(dataset)
@@ -201,6 +202,7 @@ def build(cfg: DictConfig, hw: Hardware, ranks: Ranks, kept: Kept | None = None)
         batch_bytes=cfg.loader.batch_size * nbytes(sample),
         peak_pss_mb=0.0,
         timeout_s=cfg.loader.timeout,
+        engine=args.get("engine", "process"),
     )
     check_shm(context)
     return Workload(
@@ -240,12 +242,16 @@ def candidate_loader(
     try:
         args = loader_kwargs(loader, hw)
         context = dataclasses.replace(
-            work.context, num_workers=args["num_workers"], prefetch_factor=loader.prefetch_factor
+            work.context,
+            num_workers=args["num_workers"],
+            prefetch_factor=loader.prefetch_factor,
+            engine=args.get("engine", "process"),
         )
         check_shm(context)
         if is_stream(work.dataset):
             del args["shuffle"]
-            if args["num_workers"] > 1 and not work.split_checked:
+            threads = args.get("engine") == "thread"  # refused by build_loader
+            if args["num_workers"] > 1 and not work.split_checked and not threads:
                 check_split_by_worker(work.train_set.dataset, args["multiprocessing_context"])
                 work.split_checked = True
         built = build_loader(

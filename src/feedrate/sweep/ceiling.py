@@ -257,8 +257,9 @@ def measure_gap(
         sweep_dir / "ceilings" / "loader_winner",
         config.hydra.launcher.timeout_s,
     )
-    if not res.ok:
-        log.warning("the winner's loader-only run failed (%s): no gap analysis", res.reason)
+    if not res.ok or not res.value:  # nothing measured (a run too short to leave its warm-up)
+        why = res.reason if not res.ok else "it measured no samples"
+        log.warning("the winner's loader-only run failed (%s): no gap analysis", why)
         return None
     at_winner = Ceiling(limit.kind, res.value, limit.compute_only, f"{winner.label}'s settings")
     words, shares = gap(winner.median, at_winner)

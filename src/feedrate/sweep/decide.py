@@ -41,6 +41,9 @@ def resolved_settings(metrics: dict, stream: bool) -> dict | None:
     }
     if out["num_workers"]:
         out["prefetch_factor"] = loader.get("prefetch_factor") or 2
+        out["engine"] = loader.get("engine") or "process"
+        if out["engine"] == "thread":  # no processes to start, keep or give threads to
+            return out
         out["multiprocessing_context"] = loader.get("multiprocessing_context")
         out["worker_threads"] = loader.get("worker_threads") or 1
         if not stream:

@@ -1,0 +1,156 @@
+"""``loader.engine=thread``: the loader's workers as threads (feedrate.threads), with the
+process engine's guarantees: the same order and batches, each sample once an epoch, a failing
+sample named, a hung read stopped by the timeout, and datasets threads cannot share refused."""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+import feedrate
+from feedrate import hardware
+from feedrate.errors import ConfigError
+from feedrate.loader import build_loader, loader_kwargs, produced_samples
+from feedrate.threads import ThreadLoader, check_engine, worker_id
+
+from .conftest import CONF, shrink
+
+
+class Indexed(Dataset):
+    """Sample i is i; each read notes the thread that made it."""
+
+    classes = ["a"]
+
+    def __init__(self, n: int = 100) -> None:
+        self.n = n
+        self.readers: set[int | None] = set()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        self.readers.add(worker_id())
+        return torch.tensor(i)
+
+
+def _loader(engine: str, dataset: Dataset, *extra: str):
+    cfg = feedrate.compose(
+        shrink(
+            [
+                f"loader.engine={engine}",
+                "loader.num_workers=3",
+                "loader.batch_size=8",
+                "loader.drop_last=false",
+                *extra,
+            ]
+        ),
+        config_dir=CONF,
+    )
+    hw = hardware.resolve(cfg.hardware, hardware.detect())
+    return build_loader(dataset, loader_kwargs(cfg.loader, hw), seed=3)
+
+
+def _epochs(loader, n: int = 2) -> list[list[int]]:
+    return [[int(x) for batch in loader for x in batch] for _ in range(n)]
+
+
+def test_thread_workers_read_the_order_and_batches_the_process_engine_reads():
+    dataset = Indexed(100)
+    threads, processes = _loader("thread", dataset), _loader("process", Indexed(100))
+    assert isinstance(threads, ThreadLoader) and not isinstance(processes, ThreadLoader)
+    by_threads, by_processes = _epochs(threads), _epochs(processes)
+    assert by_threads == by_processes  # the same shuffle, epoch after epoch
+    for epoch in by_threads:
+        assert sorted(epoch) == list(range(100))  # each sample once an epoch
+    assert by_threads[0] != by_threads[1]  # reshuffled
+    assert len(threads) == 13 and [len(b) for b in threads][-1] == 4  # the last, partial
+    assert dataset.readers == {0, 1, 2}  # three threads read, each with its id
+    assert produced_samples(threads) == 300  # counted as the workers' (the meter reads it)
+
+
+def test_a_loop_that_leaves_an_epoch_early_ends_its_threads():
+    loader = _loader("thread", Indexed(400), "loader.batch_size=4")
+    before = threading.active_count()
+    batches = iter(loader)
+    next(batches)
+    assert threading.active_count() > before
+    loader.end_workers()
+    for _ in range(50):  # torchdata's threads look at their stop every 0.1 s
+        if threading.active_count() <= before:
+            break
+        threading.Event().wait(0.05)
+    assert threading.active_count() <= before
+
+
+class NotThreadSafe(Indexed):
+    thread_safe = False
+
+
+class HoldsAFile(Indexed):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records = io.BytesIO(b"records")
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        yield from range(10)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "says"),
+    [
+        (NotThreadSafe(), "dataset NotThreadSafe says thread_safe = False"),
+        (HoldsAFile(), "dataset HoldsAFile holds an open file in .records: threads would share"),
+        (Stream(), "loader.engine=thread reads map-style datasets, and Stream is a stream"),
+    ],
+    ids=["says-so", "open-file", "stream"],
+)
+def test_a_dataset_threads_cannot_share_is_refused_before_they_start(dataset, says):
+    with pytest.raises(ConfigError, match=f"^{says}"):
+        check_engine(dataset)
+    with pytest.raises(ConfigError, match="use loader.engine=process|Use loader.engine=process"):
+        _loader("thread", dataset)
+
+
+def test_a_thread_engine_run_trains_as_the_process_engine_does(tmp_path):
+    """The same data in the same order: the same weights, on threads or processes."""
+    run = ["dataset.io_latency_ms=1", "loader.num_workers=2", "trainer.max_steps=12"]
+    states = {}
+    for engine in ("process", "thread"):
+        out = tmp_path / engine
+        cfg = feedrate.compose(shrink([*run, f"loader.engine={engine}"]), config_dir=CONF)
+        metrics = feedrate.run(cfg, out)
+        assert metrics["steps"] == 12 and metrics["samples_per_sec"] > 0
+        assert metrics["run"]["loader"]["engine"] == engine
+        states[engine] = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+    torch.testing.assert_close(states["thread"]["model"], states["process"]["model"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["loader.num_workers=0"], "loader.engine=thread needs workers but loader.num_workers=0"),
+        (
+            ["loader.num_workers=2", "loader.multiprocessing_context=spawn"],
+            "loader.multiprocessing_context=spawn applies to worker processes, and"
+            " loader.engine=thread runs its workers as threads of this process",
+        ),
+        (
+            ["loader.num_workers=2", "loader.worker_threads=2"],
+            "loader.worker_threads=2 applies to worker processes",
+        ),
+    ],
+    ids=["no-workers", "start-method", "worker-threads"],
+)
+def test_process_settings_for_thread_workers_are_refused_before_anything_runs(overrides, says):
+    from feedrate.checks import validate
+
+    cfg = feedrate.compose(shrink(["loader.engine=thread", *overrides]), config_dir=CONF)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        validate(cfg)
