@@ -43,9 +43,11 @@ from feedrate.sweep.search import Search
 from feedrate.sweep.space import (
     check_sweep,
     default_threads,
+    engines,
     loader_search_space,
     max_threads,
     max_workers,
+    preset_values,
     search_threads,
     seed_settings,
     seed_workers,
@@ -432,6 +434,7 @@ def test_the_seeds_share_the_starting_loader_and_the_profiles_pinning(compose, m
     cfg = compose("sweep=loader", "sweep.preset_name=x")
     assert seed_settings(cfg) == {
         "loader.prefetch_factor": 2,  # PyTorch's, where the loader sets none
+        "loader.engine": "process",  # the DataLoader's; one seed more runs threads
         "loader.multiprocessing_context": multiprocessing.get_start_method(),
     }, "streaming: persistent_workers is not searched; no CUDA: nor is pinning"
     cfg = compose("sweep=loader", "sweep.preset_name=x", "loader=recipe", "trainer.stream=false")
@@ -595,6 +598,79 @@ def test_decode_placement_is_searched_with_a_gpu_for_jpeg_datasets(compose, monk
     assert asked("dataset=photos")["loader.decode"] == ["cpu", "device"]
     assert asked("dataset=webdataset")["loader.decode"] == ["cpu", "device"]
     assert "loader.decode" not in asked("dataset=synthetic"), "no JPEG bytes to hand over"
+
+
+def test_the_engine_is_searched_and_thread_workers_are_asked_no_process_settings(compose):
+    class Trial:  # answers each question with the choice it is given
+        def __init__(self, engine):
+            self.engine, self.asked = engine, {}
+
+        def suggest_int(self, name, low, high, log=False):
+            self.asked[name] = low
+            return low
+
+        def suggest_categorical(self, name, choices):
+            self.asked[name] = choices
+            return self.engine if name == "loader.engine" else choices[0]
+
+    cfg = compose("sweep=loader", "trainer.stream=false")
+    on_processes, on_threads = Trial("process"), Trial("thread")
+    loader_search_space(cfg, on_processes)
+    loader_search_space(cfg, on_threads)
+    assert on_processes.asked["loader.engine"] == ["process", "thread"]
+    process_only = {"loader.multiprocessing_context", "loader.persistent_workers"}
+    assert process_only <= set(on_processes.asked)
+    assert not (process_only | {"loader.worker_threads"}) & set(on_threads.asked)
+    assert {"loader.num_workers", "loader.prefetch_factor"} <= set(on_threads.asked)
+    alone = compose("sweep=loader", "sweep.engines=[thread]")
+    assert seed_settings(alone)["loader.engine"] == "thread"
+    only = Trial("process")
+    loader_search_space(compose("sweep=loader", "sweep.engines=[process]"), only)
+    assert "loader.engine" not in only.asked, "one engine: no question asked"
+    # a thread winner's preset records its engine, and no setting of worker processes
+    won = {"num_workers": 64, "engine": "thread", "prefetch_factor": 2, "batch_size": 64}
+    won |= {"multiprocessing_context": "fork", "persistent_workers": True}
+    assert preset_values(won, False) == {
+        "num_workers": 64,
+        "engine": "thread",
+        "prefetch_factor": 2,
+    }
+
+
+def test_a_dataset_threads_cannot_read_is_searched_on_processes_only(compose, caplog):
+    cfg = compose("sweep=loader", "dataset=webdataset")  # a stream: it splits by process
+    from feedrate.sweep import space
+
+    space._warn_once.cache_clear()  # said once a process: an earlier test may have seen it
+    with caplog.at_level("WARNING", logger="feedrate.sweep"):
+        assert engines(cfg) == ["process"]
+    said = caplog.text
+    assert "is a stream (an IterableDataset)" in said and "leaves thread workers out" in said
+
+
+def test_thread_workers_cost_no_process_and_no_shared_memory():
+    fp = Footprint(600.0, 100.0, 150528)
+    processes = OmegaConf.create(
+        {"num_workers": 8, "prefetch_factor": 2, "batch_size": 64, "engine": "process"}
+    )
+    threads = OmegaConf.create({**processes, "engine": "thread"})
+    batches = 8 * 2 * 64 * 150528 / 2**20  # in flight: in shared memory, or in the process
+    assert predict(processes, fp) == pytest.approx((600 + 800 + batches, batches))
+    assert predict(threads, fp) == pytest.approx((600 + batches, 0.0))
+    run = {"loader": {"num_workers": 64, "engine": "thread"}}
+    wide_threads = _contestant("t", [500], False, run=run)
+    narrow = _contestant("p", [500], False, run={"loader": {"num_workers": 8}})
+    assert wide_threads.cost()[0] == 0 < narrow.cost()[0], "threads are no worker processes"
+    # the guard learns a thread run without taking its batches for the training process's own
+    guard, sample = FeasibilityGuard(), {"run": {"sample_bytes": 150528}}
+    on_processes = OmegaConf.create({"loader": {**processes, "num_workers": 4}})
+    on_threads = OmegaConf.create({"loader": {**threads, "num_workers": 64}})
+    ran = {"peak_pss_mb": 1000.0, "peak_main_pss_mb": 600.0, **sample}
+    guard.learn(on_processes, TrialResult([], "ok", metrics=ran))
+    ran = {"peak_pss_mb": 2500.0, "peak_main_pss_mb": 2500.0, **sample}
+    guard.learn(on_threads, TrialResult([], "ok", metrics=ran))
+    assert guard.footprint_of(on_processes) == Footprint(600.0, 100.0, 150528)
+    assert guard.footprint_of(on_threads) == Footprint(600.0, 0.0, 150528)
 
 
 def test_guard_skips_what_would_not_fit():

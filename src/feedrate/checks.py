@@ -64,20 +64,11 @@ def _loader_problems(loader: DictConfig) -> Iterable[str]:
             " main process has used its own hangs. Use loader.multiprocessing_context="
             "forkserver (or spawn), or loader.worker_threads=1"
         )
-    engine = _value(loader.get("engine") or "process")
-    if engine == "thread":
-        if loader.num_workers == 0:
-            yield (
-                "loader.engine=thread needs workers but loader.num_workers=0: set"
-                " loader.num_workers > 0 (threads that read the samples), or drop it"
-            )
-        for key, unset in (("multiprocessing_context", "null"), ("worker_threads", "null")):
-            if loader.get(key) is not None:
-                yield (
-                    f"loader.{key}={_value(loader.get(key))} applies to worker processes, and"
-                    f" loader.engine=thread runs its workers as threads of this process: drop"
-                    f" it (loader.{key}={unset}), or use loader.engine=process"
-                )
+    if _value(loader.get("engine") or "process") == "thread" and loader.num_workers == 0:
+        yield (
+            "loader.engine=thread needs workers but loader.num_workers=0: set"
+            " loader.num_workers > 0 (threads that read the samples), or drop it"
+        )
     if loader.num_workers == 0:
         fix = "set loader.num_workers > 0, or drop it"
         if loader.prefetch_factor is not None:

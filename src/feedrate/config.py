@@ -371,6 +371,9 @@ class SweepConfig:
     max_workers: int | None = None  # null: from the fingerprint, far past the core count
     # Empty: the platform's default start method only (fork on Linux, spawn on macOS/Windows).
     start_methods: list[str] = field(default_factory=list)
+    # What may run the workers (loader.engine): processes, threads, or both, measured; thread
+    # is left out where the dataset cannot be read by threads (a stream, thread_safe = False)
+    engines: list[str] = field(default_factory=lambda: ["process", "thread"])
     tune_batch_size: bool = False  # off: batch size changes training, not just loading
     batch_sizes: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
     finalists: int = 2  # best candidates re-measured against the baselines

@@ -91,7 +91,14 @@ def loader_kwargs(cfg: DictConfig, hw: Hardware) -> dict:
         kwargs["engine"] = _engine(cfg)  # not the DataLoader's: build_loader's
         processes = kwargs["engine"] == "process"  # thread workers start no process
         kwargs["multiprocessing_context"] = start_method(cfg) if processes else None
-        kwargs["worker_threads"] = cfg.worker_threads  # not the DataLoader's: build_loader's
+        kwargs["worker_threads"] = cfg.worker_threads if processes else None
+        unused = [k for k in ("multiprocessing_context", "worker_threads") if cfg.get(k)]
+        if not processes and unused:  # a process preset, run on threads: said, not refused
+            log.info(
+                "loader.engine=thread: %s applies to worker processes, and thread workers"
+                " have none to start; left unused <cfg.loader>",
+                ", ".join(f"{k}={getattr(cfg[k], 'value', cfg[k])}" for k in unused),
+            )
     return kwargs
 
 

@@ -409,7 +409,8 @@ class LoaderSweep(Callback):
     ) -> None:
         name = path.stem
         tuned = preset_values(decision.winner.loader(), config.sweep.tune_batch_size)
-        streamed = config.trainer.stream and tuned.get("num_workers", 0) > 0
+        processes = tuned.get("engine", "process") == "process"
+        streamed = config.trainer.stream and tuned.get("num_workers", 0) > 0 and processes
         if streamed:  # measured without epoch ends; persistence only saves restarts
             tuned["persistent_workers"] = True
         winner = decision.winner

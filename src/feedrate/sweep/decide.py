@@ -123,14 +123,17 @@ class Contestant:
         return next((why for r in self.results if (why := budget.over(r.metrics))), "")
 
     def cost(self) -> tuple[float, float]:
-        """Cheaper first: fewer workers, then less memory (:func:`run_memory_mb`, the one
-        measure of a run's memory: docs/design.md, "Memory readings")."""
+        """Cheaper first: fewer worker processes (thread workers are none), then less memory
+        (:func:`run_memory_mb`, the one measure of a run's memory: docs/design.md, "Memory
+        readings")."""
         mem = [run_memory_mb(r.metrics) or 0.0 for r in self.results if r.ok]
         # the workers a rank ran (under torchrun a config may say the machine's, divided)
         first = self.ok_result()
         ran = ((first.metrics if first else {}) or {}).get("run") or {}
         ran = ran.get("loader") or {}
         workers = ran.get("num_workers", self.loader().get("num_workers", 0))
+        if (ran.get("engine") or self.loader().get("engine")) == "thread":
+            workers = 0  # threads of the training process: no process, no copy of the data
         return (workers, statistics.median(mem) if mem else 0.0)
 
 

@@ -33,17 +33,24 @@ class Footprint:
     sample_bytes: int = 0  # one sample as the loader moves it
 
 
+def _value(v):
+    return getattr(v, "value", v)  # an Enum member, as the config says it
+
+
 def predict(loader: DictConfig, fp: Footprint, ranks: int = 1) -> tuple[float, float]:
     """(memory MB, shared memory MB) that ``loader`` is predicted to need at peak: the memory
     as :func:`run_memory_mb` counts it (the processes, and the batches in /dev/shm), and
     the batches alone, which /dev/shm must also hold; for ``ranks`` on the node, each with
     ``loader`` (``fp`` is one rank's)."""
     workers = loader.num_workers
-    processes = fp.main_mb + workers * fp.per_worker_mb
+    threads = _value(loader.get("engine")) == "thread"  # one process: the batches in it
+    processes = fp.main_mb + (0 if threads else workers * fp.per_worker_mb)
     if workers == 0:
         return ranks * processes, 0.0
     prefetch = loader.prefetch_factor or 2
     batch_mb = loader.batch_size * fp.sample_bytes / MB
+    if threads:
+        return ranks * (processes + workers * prefetch * batch_mb), 0.0
     # Batches in flight: `prefetch` per worker, each in a shared-memory segment.
     shm = workers * prefetch * batch_mb
     return ranks * (processes + shm), ranks * shm
@@ -131,8 +138,15 @@ class FeasibilityGuard:
             return
         workers = cfg.loader.num_workers
         ranks = ranks_per_node(cfg)  # the job's peak is its ranks' summed: one rank's here
-        self.main_mb = max(self.main_mb, m["peak_main_pss_mb"])
         self.sample_bytes = max(self.sample_bytes, m.get("run", {}).get("sample_bytes", 0))
+        if workers > 0 and _value(cfg.loader.get("engine")) == "thread":
+            # the training process holds the threads' batches: not what a process run's does
+            ahead = workers * (cfg.loader.prefetch_factor or 2) * cfg.loader.batch_size
+            own = m["peak_main_pss_mb"] - ahead * self.sample_bytes / MB
+            self.main_mb = self.main_mb or max(0.0, own)
+            self.learned = True
+            return
+        self.main_mb = max(self.main_mb, m["peak_main_pss_mb"])
         if workers > 0:
             method = _method(cfg, m)
             per = (m["peak_pss_mb"] / ranks - m["peak_main_pss_mb"]) / workers
@@ -141,7 +155,8 @@ class FeasibilityGuard:
 
     def footprint_of(self, cfg: DictConfig) -> Footprint | None:
         """The footprint ``cfg`` is predicted with; None when its start method never ran."""
-        if cfg.loader.num_workers == 0:
+        threads = _value(cfg.loader.get("engine")) == "thread"
+        if cfg.loader.num_workers == 0 or threads:  # no worker process to predict
             return Footprint(self.main_mb, 0.0, self.sample_bytes)
         per = self.per_worker_mb.get(_method(cfg, {}))
         return None if per is None else Footprint(self.main_mb, per, self.sample_bytes)

@@ -162,6 +162,12 @@ def seed_settings(cfg: DictConfig) -> dict[str, Any]:
     profile says. Left to chance, one seed ran unpinned on an H200 and won a noisy search run."""
     loader, methods = cfg.loader, start_methods(cfg)
     out: dict[str, Any] = {"loader.prefetch_factor": min(8, loader.prefetch_factor or 2)}
+    if "process" not in engines(cfg):  # sweep.engines=[thread]: the seeds are threads
+        out["loader.engine"] = "thread"
+        if torch.cuda.is_available():
+            out["loader.pin_memory"] = bool(cfg.hardware.pin_memory)
+        return out
+    out["loader.engine"] = "process"  # the DataLoader's; the search tries threads
     if not cfg.trainer.stream:
         out["loader.persistent_workers"] = bool(loader.persistent_workers)
     context = loader.multiprocessing_context
@@ -194,6 +200,29 @@ def start_methods(cfg: DictConfig) -> list[str]:
     return methods or [multiprocessing.get_start_method()]
 
 
+def engines(cfg: DictConfig) -> list[str]:
+    """The engines to search (``sweep.engines``): thread workers only where the dataset can be
+    read by threads (:func:`feedrate.threads.check_engine`), said once where not."""
+    wanted = [str(e) for e in (cfg.sweep.get("engines") or ["process"])]
+    if "thread" in wanted:
+        why = _thread_refusal(OmegaConf.to_yaml(cfg.dataset))
+        if why is not None:
+            wanted = [e for e in wanted if e != "thread"]
+            _warn_once(f"{why}: the search leaves thread workers out <cfg.sweep.engines>")
+    return wanted or ["process"]
+
+
+@functools.lru_cache(maxsize=8)
+def _thread_refusal(dataset_yaml: str) -> str | None:
+    from feedrate.threads import check_engine
+
+    try:
+        check_engine(build_dataset(OmegaConf.create(dataset_yaml)))
+    except ConfigError as exc:
+        return str(exc).split(". ")[0]
+    return None
+
+
 @functools.lru_cache(maxsize=8)
 def _unpicklable(dataset_yaml: str) -> str | None:
     """What keeps the dataset from pickling (``dataset.index.lock: _thread.lock``), or None;
@@ -211,15 +240,25 @@ def loader_search_space(cfg: DictConfig, trial: optuna.trial.Trial) -> None:
 
     ``num_workers`` is log-uniform from 1 to :func:`max_workers`; the worker-only parameters are
     always suggested with it, so every trial states them all and none is inherited from the
-    preset the sweep started from (the thread counts, when not searched, are). ``num_workers=0``
+    preset the sweep started from (the thread counts, when not searched, are). The engine
+    (:func:`engines`) comes first: a start method and persistence are suggested for worker
+    processes only. ``num_workers=0``
     is PyTorch's default, measured as a baseline. ``pin_memory`` is searched only when there is
     a CUDA device to pin for; the threads only where :func:`search_threads` says.
     """
     trial.suggest_int("loader.num_workers", 1, max_workers(cfg), log=True)
     trial.suggest_int("loader.prefetch_factor", 1, 8, log=True)
-    if not cfg.trainer.stream:  # streaming has no epoch ends, where persistence pays off
+    # asked only where there is a choice (or threads alone): else the loader's own, processes
+    choices = engines(cfg)
+    processes = choices == ["process"]
+    if not processes:
+        processes = trial.suggest_categorical("loader.engine", choices) == "process"
+    # streaming has no epoch ends, where persistence pays off; threads start in microseconds
+    if not cfg.trainer.stream and processes:
         trial.suggest_categorical("loader.persistent_workers", [True, False])
-    context = trial.suggest_categorical("loader.multiprocessing_context", start_methods(cfg))
+    context = None  # thread workers: no process to start
+    if processes:
+        context = trial.suggest_categorical("loader.multiprocessing_context", start_methods(cfg))
     if torch.cuda.is_available():
         trial.suggest_categorical("loader.pin_memory", [True, False])
     # decode placement is built into the workload: a trial's, not a running loader's
@@ -230,7 +269,7 @@ def loader_search_space(cfg: DictConfig, trial: optuna.trial.Trial) -> None:
     if search_threads(cfg):
         threads = max_threads(ranks_per_node(cfg))
         trial.suggest_int("loader.main_threads", 1, threads, log=True)
-        if context != "fork":  # forked workers hang on more than one thread: checks.py
+        if context not in (None, "fork"):  # forked workers hang on more than one: checks.py
             trial.suggest_int("loader.worker_threads", 1, threads, log=True)
 
 
@@ -282,6 +321,7 @@ def search_threads(cfg: DictConfig) -> bool:
 
 SEARCHED = (
     "loader.num_workers",
+    "loader.engine",
     "loader.prefetch_factor",
     "loader.persistent_workers",
     "loader.multiprocessing_context",
@@ -290,6 +330,8 @@ SEARCHED = (
 
 
 THREADS = ("loader.worker_threads", "loader.main_threads", "hardware.torch_threads")
+# settings of worker processes, which a preset of thread workers leaves out
+PROCESS_ONLY = ("multiprocessing_context", "worker_threads", "persistent_workers")
 
 
 def check_sweep(config: DictConfig) -> None:
@@ -415,6 +457,9 @@ def preset_values(loader: dict, with_batch_size: bool) -> dict:
     keys = [k for k in PRESET_KEYS if k != "batch_size" or with_batch_size]
     # PyTorch's own thread counts go unsaid: a preset moved to a bigger machine gets its default
     values = {k: loader[k] for k in keys if k in loader and not _default_threads(k, loader[k])}
+    if getattr(values.get("engine"), "value", values.get("engine")) == "thread":
+        for key in PROCESS_ONLY:  # threads have no process to start, keep or thread
+            values.pop(key, None)
     if not values.get("per_rank"):  # unsaid: the machine's workers, as every preset before it
         values.pop("per_rank", None)
     return values

@@ -29,6 +29,7 @@ LOADER_MARKER = "# feedrate-preset: written by feedrate.autotune_loader"
 PRESET_KEYS = (
     "batch_size",
     "num_workers",
+    "engine",
     "pin_memory",
     "prefetch_factor",
     "persistent_workers",
