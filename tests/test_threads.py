@@ -151,3 +151,37 @@ def test_thread_workers_need_workers_and_leave_process_settings_unused(caplog):
     assert (
         "multiprocessing_context=spawn, worker_threads=2 applies to worker processes" in caplog.text
     )
+
+
+def test_the_doctor_says_which_engine_the_samples_call_for(capsys):
+    from feedrate import doctor
+
+    tiny = ["dataset=synthetic", "dataset.n_samples=64", "dataset.image_size=16"]
+    doctor.main([*tiny, "dataset.io_latency_ms=20", "loader.num_workers=2"])
+    waits = capsys.readouterr().out
+    assert "engine" in waits and "thread workers (loader.engine=thread) hide the wait" in waits
+    doctor.main([*tiny, "dataset.cpu_ms=20", "loader.num_workers=2"])
+    computes = capsys.readouterr().out
+    assert "processes for Python code under the GIL" in computes
+    doctor.main([*tiny, "loader.num_workers=2", "loader.engine=thread"])
+    threads = capsys.readouterr().out
+    assert "2 workers as threads of the training process: no worker process" in threads
+    assert "/dev/shm           2 workers" not in threads  # nothing of theirs in /dev/shm
+
+
+def test_a_run_that_ends_mid_epoch_leaves_no_thread_behind(tmp_path):
+    """Its last step leaves the epoch's iteration unfinished: the threads end with the run
+    (left running, they polled on forever in a long-lived process: a notebook, the sweep's
+    warm trial host)."""
+    import gc
+    import time
+
+    before = threading.active_count()
+    run = ["dataset.io_latency_ms=1", "loader.num_workers=4", "loader.engine=thread"]
+    cfg = feedrate.compose(shrink([*run, "trainer.max_steps=5"]), config_dir=CONF)
+    assert feedrate.run(cfg, tmp_path)["steps"] == 5  # of 16 batches an epoch
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert threading.active_count() <= before, [t.name for t in threading.enumerate()]

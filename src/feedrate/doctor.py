@@ -26,11 +26,12 @@ from feedrate import hardware, provenance
 from feedrate.batch import describe, nbytes
 from feedrate.checks import start_method, unpicklable, validate
 from feedrate.dataset import build_dataset
-from feedrate.errors import FeedrateError
+from feedrate.errors import ConfigError, FeedrateError
 from feedrate.faults import Context, shm_needed
 from feedrate.launch import compose, loader_preset_dirs
 from feedrate.monitor import data_workers
 from feedrate.stream import is_stream, length
+from feedrate.threads import check_engine
 from feedrate.tuning.preset import plain_data_problems
 
 MB = 2**20
@@ -221,7 +222,47 @@ def _check_dataset(
             f" over a few batches): about {fits} workers fit in {BUDGET:.0%} of the memory"
             " available",
         )
+    _check_engine(report, dataset, measure)
     return Probe(sample_bytes, found, per_worker, getattr(dataset, "num_shards", None))
+
+
+WAITS = 0.5  # of a read's time spent waiting (not on this thread's CPU): threads can hide it
+
+
+def _check_engine(report: Report, dataset, measure: bool) -> None:
+    """Which engine the samples call for (loader.engine): a read that mostly waits (storage,
+    the network) is for threads; one that mostly computes, under the GIL in Python, for
+    processes; C code that releases the GIL, measured (the sweep searches both)."""
+    try:
+        check_engine(dataset)
+    except ConfigError as exc:
+        report.line("info", "engine", f"processes: {str(exc).split('. ')[0]}")
+        return
+    if not measure:
+        return
+    wall, cpu = _read_times(dataset, reads=8)
+    waits = 1 - cpu / wall if wall > 0 else 0.0
+    if waits >= WAITS:
+        text = (
+            f"a read waits {waits:.0%} of its {wall / 8 * 1000:.1f} ms: thread workers"
+            " (loader.engine=thread) hide the wait at the memory of one process"
+        )
+    else:
+        text = (
+            f"a read computes {1 - waits:.0%} of its {wall / 8 * 1000:.1f} ms: processes for"
+            " Python code under the GIL; threads where C code releases it. The sweep measures"
+            " both (sweep.engines)"
+        )
+    report.line("info", "engine", text)
+
+
+def _read_times(dataset, reads: int) -> tuple[float, float]:
+    """(wall, CPU) seconds of ``reads`` samples read in turn: the CPU of every thread of this
+    process (a transform may compute on torch's own threads)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    for i in range(reads):
+        dataset[i % len(dataset)]
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def _check_loader(report: Report, loader: DictConfig, machine: Machine, probe: Probe) -> None:
@@ -238,6 +279,14 @@ def _check_loader(report: Report, loader: DictConfig, machine: Machine, probe: P
         ranks = int(OmegaConf.select(loader, "measured_on.workload.ranks_per_node") or 1)
     node = workers * ranks
     each = f"{ranks} ranks x {workers} workers" if ranks > 1 else f"{workers} workers"
+    if getattr(loader.get("engine"), "value", loader.get("engine")) == "thread":
+        report.line(
+            "info",
+            "engine",
+            f"{each} as threads of the training process: no worker process, no /dev/shm,"
+            " one copy of the dataset",
+        )
+        return
     if probe.unpicklable is not None and start_method(loader) != "fork":
         report.line(
             "unsafe",

@@ -14,6 +14,7 @@ import io
 import itertools
 import queue
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -77,6 +78,10 @@ class ThreadLoader:
         self.timeout = timeout
         self.persistent_workers = persistent_workers
         self._latest: _Batches | None = None
+        # A loop that leaves an epoch early (a run's last step) drops the loader, not the
+        # iteration, whose threads hold it: it ends with the loader, or its threads read on
+        self._live: list[_Batches] = []
+        weakref.finalize(self, _close_all, self._live)
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
@@ -84,6 +89,7 @@ class ThreadLoader:
     def __iter__(self) -> Iterator[Any]:
         self.end_workers()  # one iteration at a time: the last one's threads end first
         self._latest = _Batches(self)
+        self._live.append(self._latest)
         return self._latest
 
     def end_workers(self, kill: bool = False) -> list[int]:
@@ -92,7 +98,13 @@ class ThreadLoader:
         if self._latest is not None:
             self._latest.close()
             self._latest = None
+        self._live.clear()
         return []
+
+
+def _close_all(live: list[_Batches]) -> None:
+    for batches in live:
+        batches.close()
 
 
 class _Batches(Iterator[Any]):
