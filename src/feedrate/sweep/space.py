@@ -70,7 +70,7 @@ def shard_count(cfg: DictConfig) -> int | None:
 
 @functools.lru_cache(maxsize=8)
 def _shards(dataset_yaml: str) -> int | None:
-    shards = getattr(build_dataset(OmegaConf.create(dataset_yaml)), "num_shards", None)
+    shards = getattr(_built(dataset_yaml), "num_shards", None)
     return shards if isinstance(shards, int) and shards > 0 else None
 
 
@@ -212,12 +212,19 @@ def engines(cfg: DictConfig) -> list[str]:
     return wanted or ["process"]
 
 
+@functools.lru_cache(maxsize=2)
+def _built(dataset_yaml: str) -> Any:
+    """The dataset a sweep's config names, built once for every question the search space asks
+    of it (its shards, whether it pickles, whether threads can read it)."""
+    return build_dataset(OmegaConf.create(dataset_yaml))
+
+
 @functools.lru_cache(maxsize=8)
 def _thread_refusal(dataset_yaml: str) -> str | None:
     from feedrate.threads import check_engine
 
     try:
-        check_engine(build_dataset(OmegaConf.create(dataset_yaml)))
+        check_engine(_built(dataset_yaml))
     except ConfigError as exc:
         return str(exc).split(". ")[0]
     return None
@@ -227,7 +234,7 @@ def _thread_refusal(dataset_yaml: str) -> str | None:
 def _unpicklable(dataset_yaml: str) -> str | None:
     """What keeps the dataset from pickling (``dataset.index.lock: _thread.lock``), or None;
     once per dataset config, since the search space asks at every trial."""
-    return unpicklable(build_dataset(OmegaConf.create(dataset_yaml)))
+    return unpicklable(_built(dataset_yaml))
 
 
 @functools.lru_cache(maxsize=32)
