@@ -91,6 +91,35 @@ def test_the_loop_trains_every_sample_once_an_epoch_while_the_loader_switches(
     assert metrics["autotune"]["samples_while_tuning"] > 0
 
 
+def test_on_thread_workers_it_trains_every_sample_once_and_writes_a_thread_preset(
+    tmp_path, monkeypatch, short_windows
+):
+    """trainer.autotune.engines=[thread]: every setting with workers runs them as threads,
+    switched inside the epochs as processes are, and the preset it writes says so, without
+    the settings of worker processes."""
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    monkeypatch.setenv("FEEDRATE_CONFIG_DIR", str(conf))
+    monkeypatch.setenv("FEEDRATE_RECORD_DIR", str(tmp_path))
+    overrides = [
+        *_counting("map", "loader=autotune", "trainer.epochs=3"),
+        *QUICK,
+        "trainer.autotune.engines=[thread]",
+        "trainer.autotune.write_preset=true",
+        "trainer.autotune.preset_name=on_threads",
+    ]
+    metrics = feedrate.run(feedrate.compose(overrides, config_dir=conf), output_dir=tmp_path / "a")
+    assert _each_once(tmp_path, 3)
+    report = metrics["autotune"]
+    with_workers = [f["setting"] for f in report["tried"] if f["setting"]["num_workers"]]
+    assert with_workers and all(s["engine"] == "thread" for s in with_workers)
+    assert metrics["peak_processes"] == 1  # no worker process ever started
+    assert report["chosen"]["engine"] == "thread" and report["preset"]
+    preset = yaml.safe_load((conf / "loader" / "on_threads.yaml").read_text())
+    assert preset["engine"] == "thread" and preset["num_workers"] > 0
+    assert not {"persistent_workers", "multiprocessing_context"} & set(preset)
+
+
 @pytest.mark.slow
 def test_two_ranks_switch_at_the_same_step_and_train_every_sample_once(tmp_path, torchrun_here):
     """Under torchrun rank 0 decides and every rank switches at the same step (a rank that

@@ -1329,6 +1329,37 @@ def test_the_search_climbs_past_the_top_seed_while_it_is_the_fastest(
         assert max(workers) <= 16, "the seeds past the peak bound the search"
 
 
+@pytest.mark.parametrize("engines", ["[process,thread]", "[process]"])
+def test_once_the_width_is_settled_its_fastest_is_tried_on_threads(
+    project, monkeypatch, capsys, engines
+):
+    """The seeds' fastest (16 workers, the most the sweep may run) is the next trial on 16
+    thread workers, without the settings of worker processes; TPE alone would try threads at
+    whatever width it draws. Not where the sweep searches processes alone."""
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 1.0)
+    proc, runner = _simulated(
+        project,
+        monkeypatch,
+        capsys,
+        *SLEEPY_SYNTHETIC,
+        "sweep.max_workers=16",
+        f"sweep.engines={engines}",
+        name="threads",
+        n_trials=4,
+        speed=lambda o: _workers(o) or 1,
+    )
+    assert proc.returncode == 0, proc.out[-3000:]
+    searched = [o for o in runner.ran if "trainer.measure" not in " ".join(o)]
+    said = "is tried on 16 thread workers next"
+    if engines == "[process]":
+        assert said not in proc.out and not any("loader.engine=thread" in o for o in searched)
+        return
+    assert [_workers(o) for o in searched[:4]] == [1, 4, 16, 16] and said in proc.out
+    assert "loader.engine=thread" in searched[3] and "loader.engine=process" in searched[2]
+    assert not any(o.startswith("loader.multiprocessing_context=") for o in searched[3])
+    assert "loader.prefetch_factor=2" in searched[3]
+
+
 def _fails_past_two_workers(cfg) -> str | None:
     """A corrupt file that only a third worker reaches (test_host.py runs a real one)."""
     workers = cfg.loader.num_workers

@@ -86,6 +86,39 @@ def test_a_loop_that_leaves_an_epoch_early_ends_its_threads():
     assert threading.active_count() <= before
 
 
+class Slow(Indexed):
+    """20 ms a read, counted."""
+
+    def __init__(self, n: int = 2000) -> None:
+        super().__init__(n)
+        self.reads, self._lock = 0, threading.Lock()
+
+    def __getitem__(self, i: int):
+        threading.Event().wait(0.02)
+        with self._lock:
+            self.reads += 1
+        return torch.tensor(i)
+
+
+def test_an_ended_iteration_is_over_when_end_workers_returns():
+    """Each thread leaves the batch it is reading after the read under way (a batch of 50
+    reads holds one a second) and has ended when end_workers() returns: nothing of a setting
+    the tuner left reads on beside the next one (a warm trial host retires when it finds
+    such a thread)."""
+    dataset = Slow()
+    loader = _loader("thread", dataset, "loader.batch_size=50", "loader.num_workers=4")
+    before = threading.active_count()
+    batches = iter(loader)
+    next(batches)
+    stopped_at = dataset.reads
+    loader.end_workers()
+    ended_at = dataset.reads
+    assert threading.active_count() <= before
+    assert ended_at - stopped_at <= 2 * 4  # a read or so a thread, not the rest of its batch
+    threading.Event().wait(0.2)
+    assert dataset.reads == ended_at
+
+
 class NotThreadSafe(Indexed):
     thread_safe = False
 

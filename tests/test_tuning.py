@@ -4,6 +4,7 @@ and real DataLoaders switched mid-epoch with every sample yielded once an epoch.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -37,9 +38,10 @@ def cpu_bound(setting: Setting, cores: float = 2.0) -> tuple[float, float, float
     return rate, 1 - rate / 1000.0, 1.0
 
 
-def search(model, start: Setting, budget_s: float, window_s: float, recorded=None):
+def search(model, start: Setting, budget_s: float, window_s: float, recorded=None, engines=None):
     """Drive a climb to its end on ``model``'s rates; what it measured and chose."""
-    climb = Climb(start, Machine(2.0, 64), window_s=window_s, recorded=recorded)
+    machine = Machine(2.0, 64, *([engines] if engines else []))
+    climb = Climb(start, machine, window_s=window_s, recorded=recorded)
     figures, spent, setting = [], 0.0, start
     while setting is not None:
         rate, wait, busy = model(setting)
@@ -92,6 +94,69 @@ def test_the_climb_chooses_by_the_sweeps_decision():
     held = climb.choose([*close, Figure(Setting(4), None, failed="worker killed")])
     assert held.setting == Setting(4) and not held.beats_start
     assert "no setting measured 10% faster; best num_workers=8" in held.reason
+
+
+BOTH = ("process", "thread")
+
+
+def on_threads_too(model):
+    """``model`` on processes; on threads, the same rate where the reads wait, but a core's
+    at most where they hold the GIL (``cores busy`` 1.0: CPU-bound)."""
+
+    def rates(setting: Setting) -> tuple[float, float, float]:
+        rate, wait, busy = model(setting)
+        if setting.threads and busy >= 1.0:
+            return model(Setting(1, setting.prefetch_factor), cores=1.0)
+        return rate, wait, busy
+
+    return rates
+
+
+def test_the_climb_tries_threads_once_the_width_is_settled_and_takes_them_when_as_fast():
+    figures, choice, _ = search(
+        on_threads_too(latency_bound), Setting(4), 60.0, window_s=3.0, engines=BOTH
+    )
+    tried = [f.setting for f in figures]
+    assert [s.num_workers for s in tried][:3] == [4, 16, 64] and not any(
+        s.threads for s in tried[:3]
+    )
+    assert tried[3] == Setting(64, engine="thread")  # the width settled: the other engine
+    best_process = max(f.samples_per_sec for f in figures if not f.setting.threads)
+    assert choice.setting.threads and choice.beats_start
+    assert on_threads_too(latency_bound)(choice.setting)[0] >= 0.95 * best_process
+    assert "without a worker process" in choice.reason
+    # a machine searched on processes alone never tries them
+    figures, choice, _ = search(latency_bound, Setting(4), 60.0, window_s=3.0)
+    assert not any(f.setting.threads for f in figures) and not choice.setting.threads
+
+
+def test_threads_that_hold_the_gil_are_tried_once_and_left():
+    figures, choice, _ = search(on_threads_too(cpu_bound), Setting(4), 60.0, 3.0, engines=BOTH)
+    assert sum(f.setting.threads for f in figures) == 1
+    assert choice.setting == Setting(4) and not choice.beats_start
+
+
+@pytest.mark.parametrize("ratio, on_threads", [(0.96, True), (0.94, False), (1.2, True)])
+def test_threads_within_5_percent_of_the_fastest_are_taken_for_their_memory(ratio, on_threads):
+    climb = Climb(Setting(4), Machine(2.0, 64, BOTH), window_s=1.0)
+    figures = [
+        Figure(Setting(4), 1000.0, 0.8, 0.2, 3.0, 0.5),
+        Figure(Setting(64), 2000.0, 0.1, 0.5, 3.0, 1.5),
+        Figure(Setting(64, engine="thread"), 2000.0 * ratio, 0.1, 0.5, 3.0, 0.1),
+    ]
+    choice = climb.choose(figures)
+    assert choice.setting == Setting(64, engine="thread" if on_threads else "process")
+    assert ("taken for that" in choice.reason) == (on_threads and ratio < 1)
+
+
+def test_a_setting_on_threads_is_said_and_kept_in_its_state():
+    setting = Setting(8, 4, "thread")
+    assert setting.describe() == "num_workers=8, prefetch_factor=4, engine=thread"
+    assert Setting(**setting.as_dict()) == setting
+    assert Setting(0, None, "thread") == Setting(0)  # no workers: nothing runs them
+    assert Setting(**{"num_workers": 8, "prefetch_factor": 4}).engine == "process"  # older state
+    with pytest.raises(ValueError, match="'threads'"):
+        Setting(8, 4, "threads")
 
 
 def test_a_step_that_does_not_fit_the_time_left_ends_the_search():
@@ -253,6 +318,64 @@ def test_every_sample_once_an_epoch_across_switches(persistent):
     assert loader.report()["chosen"] is not None
 
 
+def test_it_switches_to_threads_mid_epoch_and_every_sample_is_still_read_once(tmp_path):
+    """Both engines: the clock reads a setting's rate from its workers alone, so threads read
+    at least as fast as processes at the same width and are chosen; they go on where the
+    processes stopped in the epoch, each figure says the tree's memory, and the preset
+    records them."""
+    preset = tmp_path / "threads.yaml"
+    loader = tuning_loader(Indices(240), engines=list(BOTH), preset=str(preset))
+    for _ in range(10):
+        assert sorted(epoch_of(loader)) == list(range(240))
+        if loader.report()["chosen"] is not None:
+            break
+    report = loader.report()
+    engines = [f["setting"]["engine"] for f in report["tried"]]
+    assert "thread" in engines and engines[0] == "process"
+    assert report["chosen"]["engine"] == "thread"
+    assert all(f["pss_mb"] > 0 for f in report["tried"])
+    assert sorted(epoch_of(loader)) == list(range(240))  # on the threads chosen
+    text = preset.read_text()
+    assert "engine: thread" in text and "persistent_workers" not in text
+    again = tuning_loader(Indices(240), engines=list(BOTH), preset=str(preset))
+    assert again.climb.start.threads and again.climb.start.as_dict() == report["chosen"]
+
+
+class Unsafe(Indices):
+    thread_safe = False
+
+
+@pytest.mark.parametrize(
+    "dataset, kwargs, said",
+    [
+        (Shards(40), {}, "is a stream"),
+        (Unsafe(40), {"engines": list(BOTH)}, "thread_safe = False"),
+        (Indices(40), {"worker_init_fn": print}, "worker_init_fn runs in each worker process"),
+    ],
+    ids=["stream", "not-thread-safe", "worker-init"],
+)
+def test_data_threads_cannot_read_is_searched_on_processes_and_said(dataset, kwargs, said, caplog):
+    with caplog.at_level(logging.INFO, logger="feedrate.tuning"):
+        loader = tuning_loader(dataset, **{"engines": None, **kwargs})
+    assert loader.climb.machine.engines == ("process",)
+    assert "thread workers left out of the search" in caplog.text and said in caplog.text
+    with pytest.raises(ConfigError, match=said):  # asked to start on threads: refused
+        tuning_loader(dataset, **{**kwargs, "engine": "thread", "num_workers": 2, "engines": None})
+
+
+@pytest.mark.parametrize(
+    "kwargs, problem",
+    [
+        ({"engines": ["threads"]}, "engine 'threads' is not one"),
+        ({"engine": "thread", "engines": ["process"], "num_workers": 2}, "on engine='thread'"),
+        ({"engine": "threads"}, "engine='threads' must be"),
+    ],
+)
+def test_engines_it_cannot_search_are_named(kwargs, problem):
+    with pytest.raises(ConfigError, match=problem):
+        tuning_loader(Indices(8), **kwargs)
+
+
 def test_tuned_again_it_measures_again_from_its_choice_with_persistent_workers_too():
     """retune() (the drift guard's on_drift=retune): the next epoch measures the setting it
     runs, whose persistent workers go on, and climbs from there; every sample still once."""
@@ -264,6 +387,7 @@ def test_tuned_again_it_measures_again_from_its_choice_with_persistent_workers_t
     assert loader.tuning and loader.report()["earlier"][0]["chosen"]["setting"] == {
         "num_workers": chosen.num_workers,
         "prefetch_factor": chosen.prefetch_factor,
+        "engine": "process",
     }
     assert sorted(epoch_of(loader)) == list(range(240))
     assert loader.figures and loader.figures[0].setting == chosen

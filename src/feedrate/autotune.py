@@ -21,7 +21,7 @@ from feedrate.loader import skipped_samples
 from feedrate.project import command
 from feedrate.tuning import TuningLoader
 from feedrate.tuning.loader import Refused
-from feedrate.tuning.policy import Choice, Figure, Setting
+from feedrate.tuning.policy import PROCESS, Choice, Figure, Setting
 from feedrate.workload import Workload, candidate_loader
 
 log = logging.getLogger(__name__)
@@ -82,9 +82,12 @@ class Candidates:
         values: dict[str, Any] = {
             "num_workers": setting.num_workers,
             "prefetch_factor": setting.prefetch_factor,
+            "engine": setting.engine,
         }
         if not setting.num_workers:
             values["persistent_workers"] = False
+        if setting.threads:  # a process preset's own settings: no process to apply them to
+            values |= {"multiprocessing_context": None, "worker_threads": None}
         stall = self.cfg.trainer.autotune.stall_s
         if tl.tuning and self.droppable and stall and setting.num_workers:
             if not self.cfg.loader.timeout:  # a stuck setting fails instead of waiting forever
@@ -129,7 +132,8 @@ class HydraPreset:
         workers = distributed.workers_per_rank(
             int(settings.get("num_workers") or 0), self.ranks, bool(settings.get("per_rank"))
         )
-        setting = Setting(workers, settings.get("prefetch_factor") if workers else None)
+        engine = settings.get("engine") or PROCESS
+        setting = Setting(workers, settings.get("prefetch_factor") if workers else None, engine)
         log.info(
             "loader=autotune starts from loader=%s, measured here (%s): checked, not searched"
             " again, while it reads within 10%% of its %s samples/s",
@@ -156,7 +160,7 @@ class HydraPreset:
         setting, path, name = choice.setting, self.path, self.path.stem
         values: dict[str, Any] = setting_values(setting)
         values["num_workers"] *= self._ranks_here()
-        for key in ("persistent_workers", "multiprocessing_context"):
+        for key in () if setting.threads else ("persistent_workers", "multiprocessing_context"):
             value = self.cfg.loader.get(key)
             values[key] = getattr(value, "value", value)
         if not setting.num_workers:
@@ -218,6 +222,8 @@ def tuning_loader(
         preset=preset,
         seed=cfg.trainer.seed,
         make_loader=candidates,
+        engine=args.get("engine") or PROCESS,
+        engines=[getattr(e, "value", e) for e in at.engines],
     )
     return loader, candidates
 

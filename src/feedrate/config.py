@@ -309,6 +309,9 @@ class AutotuneConfig:
     # When the drift guard sees the data wait rise: warn, or tune again at the next epoch start
     on_drift: OnDrift = OnDrift.warn
     max_retunes: int = 3  # on_drift=retune: at most this many times a run
+    # What may run the workers (loader.engine): processes, threads, or both, measured; thread
+    # is left out where the dataset cannot be read by threads (a stream, thread_safe = False)
+    engines: list[Engine] = field(default_factory=lambda: [Engine.process, Engine.thread])
 
 
 @dataclass
@@ -373,7 +376,7 @@ class SweepConfig:
     start_methods: list[str] = field(default_factory=list)
     # What may run the workers (loader.engine): processes, threads, or both, measured; thread
     # is left out where the dataset cannot be read by threads (a stream, thread_safe = False)
-    engines: list[str] = field(default_factory=lambda: ["process", "thread"])
+    engines: list[Engine] = field(default_factory=lambda: [Engine.process, Engine.thread])
     tune_batch_size: bool = False  # off: batch size changes training, not just loading
     batch_sizes: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
     finalists: int = 2  # best candidates re-measured against the baselines

@@ -14,6 +14,7 @@ import io
 import itertools
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +27,7 @@ from feedrate.stream import is_stream
 
 _END = object()
 _POLL_S = 0.1  # how often a waiting thread looks whether it is to stop
+_JOIN_S = 2.0  # the most an ended iteration waits for its threads to finish their reads
 
 _current = threading.local()  # in a pool's thread: its worker id
 
@@ -113,23 +115,33 @@ class _Batches(Iterator[Any]):
     def __init__(self, loader: ThreadLoader) -> None:
         self.timeout = loader.timeout or None
         workers, ahead = loader.num_workers, loader.prefetch_factor
-        ids, dataset = itertools.count(), loader.dataset
+        ids, dataset, make = itertools.count(), loader.dataset, loader.collate_fn
+        stop = self._stop = threading.Event()
+        pool = self._pool = []  # this pool's threads, as each starts reading
 
-        def read(indices: list[int]) -> list[Any]:
+        def read(indices: list[int]) -> list[Any] | None:
             if worker_id() is None:
                 _current.id = next(ids)  # each thread of this pool: its id, on its first batch
-            return [dataset[i] for i in indices]
+                pool.append(threading.current_thread())
+            samples = []
+            for i in indices:
+                if stop.is_set():  # ended: nobody takes this batch, its other reads are left
+                    return None
+                samples.append(dataset[i])
+            return samples
+
+        def collate(samples: list[Any] | None) -> Any:
+            return None if samples is None else make(samples)
 
         # torchdata keeps 2 batches a thread in flight (at most 1 where asked)
         fewer = {"max_concurrent": workers} if ahead < 2 else {}
         node: tn.BaseNode = tn.IterableWrapper(loader.batch_sampler)
         node = tn.ParallelMapper(node, read, workers, in_order=True, method="thread", **fewer)
-        node = tn.Mapper(node, loader.collate_fn)
+        node = tn.Mapper(node, collate)
         if loader.pin_memory:
             node = tn.PinMemory(node)
         self._node: tn.BaseNode | None = node
         self.ready: queue.Queue = queue.Queue(maxsize=max(1, (ahead - 2) * workers))
-        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._collate, name="feedrate-collate", daemon=True)
         self._thread.start()
 
@@ -173,8 +185,9 @@ class _Batches(Iterator[Any]):
         return item
 
     def close(self) -> None:
-        """Stop reading and let the pool's threads end (torchdata ends them when its
-        iterator goes)."""
+        """Stop reading, and wait (up to ``_JOIN_S``) for the pool's threads to end: each
+        leaves its batch after the read under way, and torchdata ends them when its iterator
+        goes. A thread stuck in a read is left to end with the process."""
         self._stop.set()
         node, self._node = self._node, None
         while True:  # free what waits, so that the collating thread sees the stop
@@ -182,9 +195,11 @@ class _Batches(Iterator[Any]):
                 self.ready.get_nowait()
             except queue.Empty:
                 break
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=2 * _POLL_S)
-        del node  # the pool's iterator with it: its threads are told to stop
+        del node  # the pool's iterator with it, once the collating thread lets it go
+        deadline = time.monotonic() + _JOIN_S
+        for thread in [self._thread, *self._pool]:
+            if thread is not threading.current_thread():
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 class _Failed:

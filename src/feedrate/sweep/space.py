@@ -203,7 +203,7 @@ def start_methods(cfg: DictConfig) -> list[str]:
 def engines(cfg: DictConfig) -> list[str]:
     """The engines to search (``sweep.engines``): thread workers only where the dataset can be
     read by threads (:func:`feedrate.threads.check_engine`), said once where not."""
-    wanted = [str(e) for e in (cfg.sweep.get("engines") or ["process"])]
+    wanted = [str(getattr(e, "value", e)) for e in (cfg.sweep.get("engines") or ["process"])]
     if "thread" in wanted:
         why = _thread_refusal(OmegaConf.to_yaml(cfg.dataset))
         if why is not None:
@@ -422,21 +422,66 @@ def check_sweep(config: DictConfig) -> None:
 
 
 def climb_step(trials: list, best: Any, config: DictConfig) -> tuple[dict, str] | None:
-    """A loader sweep's next trial, once the fastest trial so far (``best``, of ``trials``,
-    the study's) is at or past the top seed and has the most workers tried yet: it, with
-    twice the workers (:func:`next_rung`), and the line that says why; None otherwise. TPE
-    alone rarely proposes past the seeds: it models the region it has seen. A trial the
-    guard then skips (or a slower one) ends it."""
+    """A loader sweep's next trial and the line that says why, or None: once the fastest
+    trial so far (``best``, of ``trials``, the study's) is at or past the top seed and has
+    the most workers tried yet, it with twice the workers (:func:`next_rung`); once the
+    width is settled, it on thread workers (:func:`_on_threads`). TPE alone rarely proposes
+    past the seeds: it models the region it has seen. A trial the guard then skips (or a
+    slower one) ends the widening."""
     from optuna.trial import TrialState
 
-    workers = "loader.num_workers"  # loader_search_space's
     completed = [t for t in trials if t.state == TrialState.COMPLETE]
     if not completed:
         return None
+    wider = _wider(trials, completed, best, config)
+    return wider if wider is not None else _on_threads(trials, completed, best, config)
+
+
+def _asked(trial: Any, key: str) -> Any:
+    """A trial's value of ``key``: what it ran, or what it is enqueued to run."""
+    return trial.params.get(key, trial.system_attrs.get("fixed_params", {}).get(key))
+
+
+def _on_threads(trials: list, completed: list, best: Any, config: DictConfig):
+    """The fastest trial so far, run on worker processes, on as many thread workers, once the
+    seeds have run, where the sweep searches both engines (:func:`engines`), no trial ran
+    that setting yet and none waits to run. Left to itself, TPE tries threads at whatever
+    worker count it draws (one worker at prefetch 8, in a sweep of latency-bound data whose
+    best had 64)."""
+    from optuna.trial import TrialState
+
+    workers = best.params.get("loader.num_workers")
+    if (
+        not workers
+        or any(t.state == TrialState.WAITING for t in trials)  # a wider one is yet to run
+        or best.params.get("loader.engine", "process") != "process"
+        or len(completed) < len(seed_workers(config))
+        or len(engines(config)) < 2
+    ):
+        return None
+    if any(
+        _asked(t, "loader.num_workers") == workers and _asked(t, "loader.engine") == "thread"
+        for t in trials
+    ):
+        return None
+    params = {k: v for k, v in best.params.items() if k.removeprefix("loader.") not in PROCESS_ONLY}
+    params["loader.engine"] = "thread"
+    latest = max(completed, key=lambda t: t.number).distributions
+    if in_space(params, latest) != {k: v for k, v in params.items() if k in latest}:
+        return None  # a value this sweep does not search (a resumed study's wider space)
+    objective = config.get("objective", "samples_per_sec")
+    said = (
+        f"the fastest trial so far ({workers} worker processes, {objective} {best.value:.1f})"
+        f" is tried on {workers} thread workers next: as fast, they need the memory of one"
+        " process (sweep.engines)"
+    )
+    return params, said
+
+
+def _wider(trials: list, completed: list, best: Any, config: DictConfig):
+    workers = "loader.num_workers"  # loader_search_space's
     fastest = best.params.get(workers)
-    tried = [
-        t.params.get(workers, t.system_attrs.get("fixed_params", {}).get(workers)) for t in trials
-    ]
+    tried = [_asked(t, workers) for t in trials]
     tried = [int(n) for n in tried if n is not None]
     if fastest is None or fastest < max(seed_workers(config)):
         return None  # the seeds bracket the peak: the search (and sweep.bound_by_seeds) goes on

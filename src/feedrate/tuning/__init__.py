@@ -12,7 +12,10 @@ def autotune_loader(dataset, **kwargs) -> TuningLoader:
     ``prefetch_factor``, ``pin_memory``, ``persistent_workers``, ``worker_init_fn``,
     ``multiprocessing_context``, ``timeout``) and ``budget_s`` (seconds of tuning),
     ``max_workers``, ``preset`` (a .yaml file it writes its choice to and starts from next
-    time) and ``seed`` (the shuffle's). Iterate it as a DataLoader, one pass an epoch.
+    time) and ``seed`` (the shuffle's). ``engines``: what its workers may be, ``"process"``
+    (the DataLoader's) and ``"thread"`` (threads of this process, for a map-style dataset safe
+    to read from several threads; left out, with a log line, where it is not), both by
+    default; ``engine``: the one it starts on. Iterate it as a DataLoader, one pass an epoch.
     """
     return TuningLoader(dataset, **kwargs)
 

@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -30,7 +30,16 @@ from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler
 
 from feedrate.batch import batch_len
 from feedrate.errors import ConfigError
-from feedrate.tuning.policy import Choice, Climb, Figure, Machine, Setting, worker_bound
+from feedrate.tuning.policy import (
+    PROCESS,
+    THREAD,
+    Choice,
+    Climb,
+    Figure,
+    Machine,
+    Setting,
+    worker_bound,
+)
 from feedrate.tuning.probe import Probe
 from feedrate.tuning.ranks import Ranks
 from feedrate.tuning.state import Saved
@@ -51,6 +60,15 @@ def _cpu_times() -> tuple[float, float]:
     idle = t.idle + getattr(t, "iowait", 0.0)
     total = sum(t)
     return total - idle, total
+
+
+def _tree_pss_mb() -> float | None:
+    """The memory of this process and its workers (PSS, so that pages they share count
+    once), in MB: what a setting costs while it runs."""
+    from feedrate.monitor import _tree_memory
+
+    pss = _tree_memory(psutil.Process())[0]
+    return pss / 2**20 if pss else None
 
 
 def window_seconds(budget_s: float) -> float:
@@ -108,8 +126,9 @@ class _Plan(Sampler[list[int]]):
 
 
 class TuningLoader(Saved):
-    """An iterable over batches that tunes ``num_workers`` and ``prefetch_factor`` while the
-    loop trains; built by :func:`feedrate.autotune_loader`."""
+    """An iterable over batches that tunes ``num_workers``, ``prefetch_factor`` and the engine
+    (worker processes or threads, among ``engines``) while the loop trains; built by
+    :func:`feedrate.autotune_loader`."""
 
     def __init__(
         self,
@@ -135,8 +154,16 @@ class TuningLoader(Saved):
         clock: Callable[[], float] = time.perf_counter,
         cpu: Callable[[], tuple[float, float]] | None = _cpu_times,
         make_loader: Callable[..., Any] | None = None,
+        engine: str = PROCESS,
+        engines: Sequence[str] | None = None,
+        memory: Callable[[], float | None] | None = _tree_pss_mb,
     ) -> None:
         _check_args(batch_size, shuffle, sampler, batch_sampler, drop_last, budget_s, max_workers)
+        if engine not in (PROCESS, THREAD):
+            raise ConfigError(
+                f"autotune_loader: engine={engine!r} must be {PROCESS!r} (worker processes) or"
+                f" {THREAD!r} (threads of this process)"
+            )
         self.dataset = dataset
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.sampler, self.batch_sampler = sampler, batch_sampler
@@ -149,14 +176,15 @@ class TuningLoader(Saved):
         }
         self.persistent = persistent_workers
         self.context = multiprocessing_context
-        self.seed, self.clock, self.cpu = seed, clock, cpu
+        self.seed, self.clock, self.cpu, self.memory = seed, clock, cpu, memory
         self.budget_s = self.budget_asked = float(budget_s)
         self.window_s = window_seconds(self.budget_s)
         self.ranks = Ranks.current()
         cores = _usable_cores() / self.ranks.local_world_size
         cap = max_workers or worker_bound(cores)
-        start = Setting(cores_start(cores) if num_workers is None else num_workers, prefetch_factor)
-        start = Setting(start.num_workers, start.prefetch_factor if start.num_workers else None)
+        workers = cores_start(cores) if num_workers is None else num_workers
+        start = Setting(workers, prefetch_factor if workers else None, engine)
+        searched = _engines(dataset, start, engines, worker_init_fn)
         self.preset, recorded = None, None
         if isinstance(preset, (str, os.PathLike)):
             from feedrate.tuning.preset import LoaderPreset
@@ -165,7 +193,16 @@ class TuningLoader(Saved):
         if preset is not None:  # a file path, or an object that starts from and writes one
             self.preset = preset
             start, recorded = self.preset.start_from(start)
-        self.climb = Climb(start, Machine(cores, cap), window_s=self.window_s, recorded=recorded)
+            if start.num_workers and start.engine not in searched:  # threads cannot read it
+                log.warning(
+                    "autotune_loader: the preset's %s is left out of the search here (engines:"
+                    " %s): starting from it on worker processes",
+                    start.describe(),
+                    ", ".join(searched),
+                )
+                start, recorded = replace(start, engine=PROCESS), None
+        machine = Machine(cores, cap, searched)
+        self.climb = Climb(start, machine, window_s=self.window_s, recorded=recorded)
         self.make_loader = make_loader or _build
         self._plan = _Plan(self, self.ranks)
         self.epoch = 0
@@ -434,6 +471,8 @@ class TuningLoader(Saved):
         another setting's loader takes over from here."""
         probe, self._probe = self._probe, None
         figure = probe.figure(self.clock() - self._since)
+        if self.memory is not None:  # the whole tree's, its workers' with it
+            figure = replace(figure, pss_mb=self.memory())
         if figure.samples_per_sec is not None:  # every rank's, as rank 0 runs in step with them
             figure = replace(figure, samples_per_sec=figure.samples_per_sec * self.ranks.world_size)
         return self._after(figure)
@@ -511,12 +550,69 @@ def _usable_cores() -> float:
     return usable_cores()
 
 
+def _engines(
+    dataset: Dataset, start: Setting, asked: Sequence[str] | None, worker_init_fn: Callable | None
+) -> tuple[str, ...]:
+    """The engines the tuning searches: ``asked`` (both by default), less threads where they
+    cannot read ``dataset`` (said, or refused where the ``start`` is on them)."""
+    engines = tuple(dict.fromkeys(asked or (PROCESS, THREAD)))
+    engine = start.engine
+    wrong = [e for e in engines if e not in (PROCESS, THREAD)]
+    if wrong:
+        raise ConfigError(
+            f"autotune_loader: engine {wrong[0]!r} is not one: {PROCESS!r} (worker processes)"
+            f" or {THREAD!r} (threads of this process)"
+        )
+    if start.num_workers and engine not in engines:
+        raise ConfigError(
+            f"autotune_loader: it starts on engine={engine!r}, which engines={list(engines)}"
+            " leaves out: add it to engines, or start on one of them"
+        )
+    if THREAD not in engines:
+        return engines
+    why = ""
+    if worker_init_fn is not None:
+        why = "worker_init_fn runs in each worker process, and thread workers start none"
+    else:
+        from feedrate.threads import check_engine
+
+        try:
+            check_engine(dataset)
+        except ConfigError as exc:
+            why = str(exc)
+    if not why:
+        return engines
+    if start.threads or engines == (THREAD,):
+        raise ConfigError(f"autotune_loader: engine={THREAD!r}: {why}")
+    log.log(
+        logging.INFO if asked is None else logging.WARNING,
+        "autotune_loader: thread workers left out of the search: %s",
+        why,
+    )
+    return (PROCESS,)
+
+
 def _build(tl: TuningLoader, setting: Setting):
     """The DataLoader of ``setting``: the tuning loader's dataset, batches and arguments,
-    its workers seeded by :meth:`TuningLoader.worker_seed`."""
+    its workers seeded by :meth:`TuningLoader.worker_seed`; on thread workers, a
+    :class:`feedrate.threads.ThreadLoader` of the same batches."""
     from feedrate.loader import _Loader
 
     args = dict(tl.loader_args)
+    if setting.threads:  # a map-style dataset (_engines): the plan's batches
+        from torch.utils.data import default_collate
+
+        from feedrate.threads import ThreadLoader
+
+        return ThreadLoader(
+            tl.dataset,
+            num_workers=setting.num_workers,
+            collate_fn=args["collate_fn"] or default_collate,
+            batch_sampler=tl._plan,
+            prefetch_factor=setting.prefetch_factor,
+            pin_memory=args["pin_memory"],
+            timeout=args["timeout"],
+        )
     if setting.num_workers:
         args.update(
             num_workers=setting.num_workers,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from feedrate.tuning.decide import GAIN, Once, decide
+from feedrate.tuning.decide import EQUIVALENCE, GAIN, Once, decide
 
 MAX_STEP = 4.0  # the most a step multiplies the workers by
 DEEPEST_PREFETCH = 8
@@ -50,29 +50,48 @@ def wider(workers: int, cap: int, data_wait: float | None = None, cpu_busy: floa
     return min(cap, max(here + 1, math.ceil(here * step)))
 
 
+PROCESS, THREAD = "process", "thread"  # loader.engine: worker processes, or threads
+
+
 @dataclass(frozen=True)
 class Setting:
-    """One loader setting: the DataLoader's own arguments that the tuner turns."""
+    """One loader setting: the DataLoader's own arguments that the tuner turns, and whether
+    its workers are processes or threads of the training process (``loader.engine``)."""
 
     num_workers: int
     prefetch_factor: int | None = None  # None: PyTorch's 2 (and none without workers)
+    engine: str = PROCESS
 
     def __post_init__(self) -> None:
-        """One way to say each setting: no prefetch without workers, 2 for PyTorch's default."""
+        """One way to say each setting: no prefetch without workers, 2 for PyTorch's default,
+        and no thread workers without workers."""
         depth = None if not self.num_workers else (self.prefetch_factor or 2)
         object.__setattr__(self, "prefetch_factor", depth)
+        if not self.num_workers:
+            object.__setattr__(self, "engine", PROCESS)
+        elif self.engine not in (PROCESS, THREAD):
+            raise ValueError(f"engine={self.engine!r}: {PROCESS!r} or {THREAD!r}")
 
     @property
     def depth(self) -> int:
         return self.prefetch_factor or 2
 
+    @property
+    def threads(self) -> bool:
+        return self.engine == THREAD
+
     def describe(self) -> str:
         if not self.num_workers:
             return "num_workers=0"
-        return f"num_workers={self.num_workers}, prefetch_factor={self.depth}"
+        on = ", engine=thread" if self.threads else ""
+        return f"num_workers={self.num_workers}, prefetch_factor={self.depth}{on}"
 
     def as_dict(self) -> dict:
-        return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor}
+        return {
+            "num_workers": self.num_workers,
+            "prefetch_factor": self.prefetch_factor,
+            "engine": self.engine,
+        }
 
 
 @dataclass(frozen=True)
@@ -87,6 +106,7 @@ class Figure:
     startup_s: float = 0.0  # from building its loader to its first batch
     left_early: bool = False  # measured slower than the best and left at once
     failed: str = ""
+    pss_mb: float | None = None  # the process tree's memory (PSS) at its window's end
 
     @property
     def ok(self) -> bool:
@@ -97,9 +117,10 @@ class Figure:
             return f"{self.setting.describe()} failed: {self.failed}"
         rate = "no figure" if self.samples_per_sec is None else f"{self.samples_per_sec:,.1f}"
         left = "; left: slower than the best" if self.left_early else ""
+        memory = f", {self.pss_mb:,.0f} MB PSS" if self.pss_mb else ""
         return (
             f"{self.setting.describe()} -> {rate} samples/s, data wait {self.data_wait_frac:.0%},"
-            f" cores busy {self.cpu_busy_frac:.0%} ({self.seconds:.1f} s){left}"
+            f" cores busy {self.cpu_busy_frac:.0%}{memory} ({self.seconds:.1f} s){left}"
         )
 
     @classmethod
@@ -110,11 +131,13 @@ class Figure:
 
 @dataclass(frozen=True)
 class Machine:
-    """What the policy knows of the machine: its cores and the most workers a setting may
-    have (the memory, shared memory and descriptors a wider loader would need)."""
+    """What the policy knows of the machine: its cores, the most workers a setting may
+    have (the memory, shared memory and descriptors a wider loader would need), and the
+    engines the dataset can be read with (threads: a map-style dataset safe to share)."""
 
     cores: float
     max_workers: int
+    engines: tuple[str, ...] = (PROCESS,)
 
 
 @dataclass(frozen=True)
@@ -166,12 +189,14 @@ class Climb:
         if best.data_wait_frac < self.wait_high:
             narrower = replace(here, num_workers=here.num_workers // 2)
             if here.num_workers >= 2 and best.cpu_busy_frac >= BUSY:
-                return [_valid(narrower)]
-            return []
+                return [self._valid(narrower), *self._other_engine(here)]
+            return self._other_engine(here)
         tried_wider = [
             f.setting
             for f in figures
-            if f.setting.num_workers > here.num_workers and f.setting.depth == here.depth
+            if f.setting.num_workers > here.num_workers
+            and f.setting.depth == here.depth
+            and f.setting.engine == here.engine
         ]
         moves = []
         if not tried_wider and here.num_workers < cap:
@@ -182,10 +207,28 @@ class Climb:
             mid = round(math.sqrt(max(here.num_workers, 1) * above))
             if here.num_workers < mid < above and above >= 3 * max(here.num_workers, 1):
                 moves.append(replace(here, num_workers=mid))
+        moves += self._other_engine(here)
         if here.num_workers and here.depth < DEEPEST_PREFETCH:
             deeper = min(DEEPEST_PREFETCH, 4 * here.depth)
             moves.append(replace(here, prefetch_factor=deeper))
-        return [_valid(m) for m in moves]
+        return [self._valid(m) for m in moves]
+
+    def _valid(self, setting: Setting) -> Setting:
+        """No prefetch without workers (the DataLoader refuses one); workers on an engine
+        searched (from none, the first of them)."""
+        if not setting.num_workers:
+            return Setting(0, None)
+        if setting.engine not in self.machine.engines:
+            return replace(setting, engine=self.machine.engines[0])
+        return setting
+
+    def _other_engine(self, here: Setting) -> list[Setting]:
+        """The same workers on the other engine, once the width is settled: threads read
+        latency-bound data as fast as processes at a fraction of their memory, and lose to
+        them on Python code that holds the GIL; a window tells which."""
+        if not here.num_workers or len(self.machine.engines) < 2:
+            return []
+        return [replace(here, engine=PROCESS if here.threads else THREAD)]
 
     def predicted_seconds(self, setting: Setting, figures: list[Figure]) -> float:
         """What measuring ``setting`` would take: its window, its warm-up (at most a window)
@@ -241,7 +284,7 @@ class Climb:
             once[f.setting] = Once(
                 f.setting.describe(),
                 f.samples_per_sec if f.ok else None,
-                f.setting.num_workers,
+                0 if f.setting.threads else f.setting.num_workers,  # worker processes
                 failed=f.failed or ("" if f.ok else "no figure"),
                 dropped="left early: slower than the best" if f.left_early else "",
             )
@@ -250,13 +293,30 @@ class Climb:
         incumbent = start.name if start is not None and not start.failures else None
         decision = decide(measured, incumbent=incumbent, gain=self.gain)
         chosen = next(s for s, c in once.items() if c is decision.winner)
+        reason = decision.reason
+        threads = self._as_fast_on_threads(chosen, figures)
+        if threads is not None:
+            chosen = threads.setting
+            reason += (
+                f"; {chosen.describe()} measured {threads.samples_per_sec:,.1f} samples/s,"
+                f" within {EQUIVALENCE:.0%} of it (one window each), without a worker process"
+                " and its memory a worker: taken for that"
+            )
         if incumbent is None:
-            return Choice(chosen, f"{decision.reason} (the start has no figure)", True)
-        return Choice(chosen, decision.reason, chosen != self.start)
+            return Choice(chosen, f"{reason} (the start has no figure)", True)
+        return Choice(chosen, reason, chosen != self.start)
 
-
-def _valid(setting: Setting) -> Setting:
-    """No prefetch without workers (the DataLoader refuses one)."""
-    if not setting.num_workers:
-        return Setting(0, None)
-    return setting
+    @staticmethod
+    def _as_fast_on_threads(chosen: Setting, figures: list[Figure]) -> Figure | None:
+        """The fastest thread setting, where it measured within ``EQUIVALENCE`` of ``chosen``,
+        a setting on worker processes: as fast, at the memory of one process. One window each
+        shows no 5% either way, so the cheaper engine is given the benefit of the doubt, as
+        the start is given ``gain``."""
+        if chosen.threads:
+            return None
+        rate = max(f.samples_per_sec for f in figures if f.ok and f.setting == chosen)
+        threads = [f for f in figures if f.ok and not f.left_early and f.setting.threads]
+        best = max(threads, key=lambda f: f.samples_per_sec, default=None)
+        if best is None or best.samples_per_sec < (1 - EQUIVALENCE) * rate:
+            return None
+        return best

@@ -18,7 +18,7 @@ import yaml
 from feedrate.errors import ConfigError
 from feedrate.files import atomic_write_text
 from feedrate.project import NAME
-from feedrate.tuning.policy import Choice, Figure, Setting
+from feedrate.tuning.policy import PROCESS, Choice, Figure, Setting
 
 log = logging.getLogger("feedrate.tuning")
 
@@ -208,11 +208,13 @@ def measured_in_run(machine: dict, workload: dict, figure: Figure, **more: Any) 
     }
 
 
-def setting_values(setting: Setting) -> dict[str, int]:
-    """The keys a tuning loader's choice sets: its workers, and their queue depth."""
-    values = {"num_workers": setting.num_workers}
+def setting_values(setting: Setting) -> dict[str, Any]:
+    """The keys a tuning loader's choice sets: its workers, their queue depth, and what runs
+    them."""
+    values: dict[str, Any] = {"num_workers": setting.num_workers}
     if setting.num_workers:
         values["prefetch_factor"] = setting.depth
+        values["engine"] = setting.engine
     return values
 
 
@@ -248,7 +250,8 @@ class LoaderPreset:
             )
             return start, None
         workers = int(data.get("num_workers") or 0)
-        setting = Setting(workers, data.get("prefetch_factor") if workers else None)
+        engine = data.get("engine") or PROCESS
+        setting = Setting(workers, data.get("prefetch_factor") if workers else None, engine)
         log.info("autotune_loader: starting from %s (%s)", self.path, setting.describe())
         return setting, measured.get("samples_per_sec")
 
