@@ -159,11 +159,7 @@ class TuningLoader(Saved):
         memory: Callable[[], float | None] | None = _tree_pss_mb,
     ) -> None:
         _check_args(batch_size, shuffle, sampler, batch_sampler, drop_last, budget_s, max_workers)
-        if engine not in (PROCESS, THREAD):
-            raise ConfigError(
-                f"autotune_loader: engine={engine!r} must be {PROCESS!r} (worker processes) or"
-                f" {THREAD!r} (threads of this process)"
-            )
+        _check_engine(engine)
         self.dataset = dataset
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.sampler, self.batch_sampler = sampler, batch_sampler
@@ -185,22 +181,7 @@ class TuningLoader(Saved):
         workers = cores_start(cores) if num_workers is None else num_workers
         start = Setting(workers, prefetch_factor if workers else None, engine)
         searched = _engines(dataset, start, engines, worker_init_fn)
-        self.preset, recorded = None, None
-        if isinstance(preset, (str, os.PathLike)):
-            from feedrate.tuning.preset import LoaderPreset
-
-            preset = LoaderPreset(preset, self._workload())
-        if preset is not None:  # a file path, or an object that starts from and writes one
-            self.preset = preset
-            start, recorded = self.preset.start_from(start)
-            if start.num_workers and start.engine not in searched:  # threads cannot read it
-                log.warning(
-                    "autotune_loader: the preset's %s is left out of the search here (engines:"
-                    " %s): starting from it on worker processes",
-                    start.describe(),
-                    ", ".join(searched),
-                )
-                start, recorded = replace(start, engine=PROCESS), None
+        self.preset, start, recorded = _preset_start(preset, start, searched, self._workload)
         machine = Machine(cores, cap, searched)
         self.climb = Climb(start, machine, window_s=self.window_s, recorded=recorded)
         self.make_loader = make_loader or _build
@@ -548,6 +529,38 @@ def _usable_cores() -> float:
     from feedrate.hardware import usable_cores
 
     return usable_cores()
+
+
+def _check_engine(engine: str) -> None:
+    if engine not in (PROCESS, THREAD):
+        raise ConfigError(
+            f"autotune_loader: engine={engine!r} must be {PROCESS!r} (worker processes) or"
+            f" {THREAD!r} (threads of this process)"
+        )
+
+
+def _preset_start(
+    preset: Any, start: Setting, searched: tuple[str, ...], workload: Callable[[], dict]
+) -> tuple[Any, Setting, float | None]:
+    """``preset`` (a file path, or an object that starts from and writes one), where the
+    tuning starts with it, and the rate it recorded there (None: searched again); on worker
+    processes where the preset's engine is left out of the search here."""
+    if isinstance(preset, (str, os.PathLike)):
+        from feedrate.tuning.preset import LoaderPreset
+
+        preset = LoaderPreset(preset, workload())
+    if preset is None:
+        return None, start, None
+    start, recorded = preset.start_from(start)
+    if start.num_workers and start.engine not in searched:  # threads cannot read the data
+        log.warning(
+            "autotune_loader: the preset's %s is left out of the search here (engines: %s):"
+            " starting from it on worker processes",
+            start.describe(),
+            ", ".join(searched),
+        )
+        return preset, replace(start, engine=PROCESS), None
+    return preset, start, recorded
 
 
 def _engines(
