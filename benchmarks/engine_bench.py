@@ -7,11 +7,13 @@ For each workload, in one run on one machine:
 1. loader sweeps from scratch (fresh studies, as a user runs them): on worker processes alone
    (``sweep.engines=[process]``), on threads alone (``[thread]``) and on both (the default).
    With ``--budget-share`` (the latency-bound workload), a fourth on both engines under
-   ``sweep.memory_budget_gb``: that share of the memory the process winner's preset records;
+   ``sweep.memory_budget_gb``: that share (0.75) of the memory the process winner's preset
+   records;
 2. their presets in ``--repeats`` rounds, the order alternating (reversed every other round),
    each run a fresh ``python train.py``: samples/s over a ``--seconds`` window after the
    warm-up, and the peak PSS of the run's process tree. Presets that resolve to the same
-   settings are one row, measured once a round from the second on;
+   settings are one row, measured once a round from the second on. A row without workers
+   (``no_workers``: the training process alone) is the memory floor every engine starts from;
 3. ratios over the paired rounds with their 95% intervals (``feedrate.stats``), judged on the
    interval as every benchmark here is: ``thread/process`` (samples/s and peak PSS),
    ``both/process``, ``budget/both``; the targets of ``TARGETS``, and for the workloads
@@ -57,6 +59,7 @@ WORKLOADS = {
     ],
     "photos": ["dataset=photos", "model=pooled_linear"],
 }
+FLOOR = "no_workers"  # a row beside the presets: the training process alone, no worker
 SWEEPS = {  # row -> sweep.engines
     "process": "[process]",
     "thread": "[thread]",
@@ -115,6 +118,7 @@ def measure(workload: str, presets: dict, out: Path, args) -> list[dict]:
     base = [*WORKLOADS[workload], *args.extra, *MEASURE, f"trainer.max_seconds={args.seconds}"]
     runner, rows = Fresh(ROOT / "train.py"), []
     live = {row: [f"loader={p['preset']}"] for row, p in presets.items()}
+    live[FLOOR] = ["loader=default", "loader.num_workers=0"]  # one process: the memory floor
     for r in range(args.repeats):
         order = list(live) if r % 2 == 0 else list(live)[::-1]
         for row in order:
@@ -220,13 +224,16 @@ def tables(results: dict) -> str:
     for workload, res in results["workloads"].items():
         header = "| row | preset | samples/s (median) | peak PSS MB (median) |"
         lines += [f"## {workload}", "", header, "|---|---|---|---|"]
-        for row, p in res["presets"].items():
+        floor = {FLOOR: {"values": {"num_workers": 0}}}
+        for row, p in {**res["presets"], **floor}.items():
             name = res["compare"]["alias"].get(row, row)
             rate = res["compare"]["medians"]["samples/s"].get(name)
             pss = res["compare"]["medians"]["peak PSS"].get(name)
             shown = f"{rate:,.1f}" if rate else "-"
             same = f" (= {name})" if name != row else ""
-            lines.append(f"| {row}{same} | {_settings(p['values'])} | {shown} | {pss or 0:,.0f} |")
+            budget = f", memory_budget_gb={p['budget_gb']:.2f}" if p.get("budget_gb") else ""
+            preset = _settings(p["values"]) + budget
+            lines.append(f"| {row}{same} | {preset} | {shown} | {pss or 0:,.0f} |")
         lines += ["", "| ratio | over the paired rounds |", "|---|---|"]
         lines += [f"| {k} | {describe(v)} |" for k, v in res["compare"]["ratios"].items()]
         if res["compare"]["targets"]:
@@ -254,10 +261,14 @@ def plot(results: dict, path: Path) -> None:
                 ys = list(values.values())
                 ax.bar(i, statistics.median(ys), color="#9ab", width=0.6)
                 ax.plot([i] * len(ys), ys, "k.", ms=4)
-            ax.set_xticks(range(len(by)), list(by))
+            ax.set_xticks(range(len(by)), list(by), fontsize=8)
             ax.set_title(f"{workload}: {what}" + (" (MB)" if what == "peak PSS" else ""))
+            budget = results["workloads"][workload]["presets"].get("budget")
+            if what == "peak PSS" and budget:
+                ax.axhline(budget["budget_gb"] * 1024, color="#c44", ls="--", lw=1)
+                ax.text(0, budget["budget_gb"] * 1024, " memory budget", color="#c44", fontsize=8)
     commit = (results["commit"] or "")[:8]
-    fig.suptitle(f"thread workers against worker processes, each at its swept best ({commit})")
+    fig.suptitle(f"the swept best on each engine, every round a dot ({commit})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -270,7 +281,7 @@ def main() -> int:
     parser.add_argument(
         "--budget-share",
         type=float,
-        default=0.5,
+        default=0.75,
         help="of the process winner's recorded memory: the budgeted sweep's (catalog only)",
     )
     parser.add_argument("--extra", nargs="*", default=[], help="overrides for every run")
