@@ -304,6 +304,12 @@ def test_the_preset_it_writes_is_checked_not_searched_by_the_next_run(
             ["trainer.autotune.write_preset=true", "trainer.autotune.preset_name=../x"],
             "trainer.autotune.preset_name='../x' is not a valid preset name",
         ),
+        (["trainer.autotune.engines=[]"], "trainer.autotune.engines=[] names no engine"),
+        (
+            ["trainer.autotune.engines=[thread]"],  # the recipe starts on 4 worker processes
+            "loader.engine=process is where the run starts, and trainer.autotune.engines=[thread]"
+            " leaves it out: add it, or start on loader.engine=thread",
+        ),
     ],
 )
 def test_settings_it_cannot_tune_under_are_refused_before_training(

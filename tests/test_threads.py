@@ -119,6 +119,30 @@ def test_an_ended_iteration_is_over_when_end_workers_returns():
     assert dataset.reads == ended_at
 
 
+class Corrupt(Indexed):
+    def __getitem__(self, i: int):
+        if i == 37:
+            raise ValueError("sample 37 is corrupt")
+        return super().__getitem__(i)
+
+
+def test_a_failed_read_ends_the_pool_with_it():
+    """The error the loop sees does not hold the pool's threads: they have ended when
+    end_workers() returns, which a tuner calls before it tries the next setting."""
+    loader = _loader("thread", Corrupt(400), "loader.batch_size=4", "loader.shuffle=false")
+    before = threading.active_count()
+    with pytest.raises(ValueError, match="sample 37 is corrupt"):
+        for _ in loader:
+            pass
+    loader.end_workers()
+    assert threading.active_count() <= before
+
+
+def test_an_epoch_without_batches_is_empty():
+    loader = ThreadLoader(Indexed(8), num_workers=2, collate_fn=list, batch_sampler=[])
+    assert list(loader) == [] and len(loader) == 0
+
+
 class NotThreadSafe(Indexed):
     thread_safe = False
 

@@ -136,6 +136,14 @@ def test_threads_that_hold_the_gil_are_tried_once_and_left():
     assert choice.setting == Setting(4) and not choice.beats_start
 
 
+def test_a_start_without_workers_is_not_traded_for_threads():
+    """Threads as fast as no worker at all save no process: the start holds."""
+    climb = Climb(Setting(0), Machine(2.0, 64, BOTH), window_s=1.0)
+    figures = [Figure(Setting(0), 1000.0, 0.05), Figure(Setting(4, engine="thread"), 990.0)]
+    choice = climb.choose(figures)
+    assert choice.setting == Setting(0) and not choice.beats_start
+
+
 @pytest.mark.parametrize("ratio, on_threads", [(0.96, True), (0.94, False), (1.2, True)])
 def test_threads_within_5_percent_of_the_fastest_are_taken_for_their_memory(ratio, on_threads):
     climb = Climb(Setting(4), Machine(2.0, 64, BOTH), window_s=1.0)
@@ -341,6 +349,23 @@ def test_it_switches_to_threads_mid_epoch_and_every_sample_is_still_read_once(tm
     assert again.climb.start.threads and again.climb.start.as_dict() == report["chosen"]
 
 
+def test_a_state_on_an_engine_left_out_now_goes_on_on_one_searched(caplog):
+    """A checkpoint taken on threads, resumed where threads are left out (the data changed,
+    or the engines asked): the run goes on on processes, said, never on the threads."""
+    loader = tuning_loader(Indices(240), engines=list(BOTH), num_workers=2, engine="thread")
+    batches = iter(loader)
+    first = [i for _ in range(3) for i in next(batches).tolist()]
+    state = loader.state_dict()  # taken as the loop runs
+    del batches
+    assert state["current"]["engine"] == "thread"
+    again = tuning_loader(Indices(240), engines=["process"], num_workers=2)
+    with caplog.at_level(logging.WARNING, logger="feedrate.tuning"):
+        again.load_state_dict(state)
+    assert again.current == Setting(2, 2, "process")
+    assert "the state's num_workers=2, prefetch_factor=2, engine=thread" in caplog.text
+    assert sorted(first + epoch_of(again)) == list(range(240))  # it went on mid-epoch
+
+
 class Unsafe(Indices):
     thread_safe = False
 
@@ -443,9 +468,17 @@ def test_the_preset_is_written_only_when_the_choice_beats_the_start(tmp_path):
     assert report["preset"] == str(preset)
     text = preset.read_text()
     assert "measured_on" in text and f"num_workers: {chosen['num_workers']}" in text
-    # the next run starts from it
+    # the next run starts from it; on threads where they alone are searched, and searches
     again = tuning_loader(Indices(240), preset=str(preset))
     assert again.climb.start == Setting(chosen["num_workers"], chosen["prefetch_factor"])
+    threads = tuning_loader(Indices(240), preset=str(preset), engines=["thread"])
+    on_threads = Setting(chosen["num_workers"], chosen["prefetch_factor"], "thread")
+    assert threads.climb.start == on_threads
+    assert threads.climb.recorded is None
+    # a preset an engine cannot run is named with its file
+    preset.write_text(preset.read_text().replace("engine: process", "engine: threads"))
+    with pytest.raises(ConfigError, match=f"{preset}: engine='threads'"):
+        tuning_loader(Indices(240), preset=str(preset))
 
 
 def test_no_preset_when_the_start_is_kept(tmp_path):

@@ -21,7 +21,8 @@ from feedrate.loader import skipped_samples
 from feedrate.project import command
 from feedrate.tuning import TuningLoader
 from feedrate.tuning.loader import Refused
-from feedrate.tuning.policy import PROCESS, Choice, Figure, Setting
+from feedrate.tuning.policy import PROCESS, THREAD, Choice, Figure, Setting
+from feedrate.tuning.preset import preset_setting
 from feedrate.workload import Workload, candidate_loader
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,15 @@ def check(cfg: DictConfig) -> None:
         problems.append(f"trainer.autotune.stall_s={at.stall_s} must be positive, or null")
     if at.max_retunes < 0:
         problems.append(f"trainer.autotune.max_retunes={at.max_retunes} must be at least 0")
+    engines = [getattr(e, "value", e) for e in at.engines]
+    engine = getattr(cfg.loader.get("engine"), "value", cfg.loader.get("engine")) or PROCESS
+    if not engines:
+        problems.append("trainer.autotune.engines=[] names no engine: [process, thread], or one")
+    elif cfg.loader.num_workers and engine not in engines:
+        problems.append(
+            f"loader.engine={engine} is where the run starts, and trainer.autotune.engines="
+            f"[{', '.join(engines)}] leaves it out: add it, or start on loader.engine={engines[0]}"
+        )
     if problems:
         raise ConfigError("invalid loader=autotune:\n  - " + "\n  - ".join(problems))
 
@@ -132,8 +142,7 @@ class HydraPreset:
         workers = distributed.workers_per_rank(
             int(settings.get("num_workers") or 0), self.ranks, bool(settings.get("per_rank"))
         )
-        engine = settings.get("engine") or PROCESS
-        setting = Setting(workers, settings.get("prefetch_factor") if workers else None, engine)
+        setting = preset_setting({**settings, "num_workers": workers}, f"conf/loader/{name}.yaml")
         log.info(
             "loader=autotune starts from loader=%s, measured here (%s): checked, not searched"
             " again, while it reads within 10%% of its %s samples/s",
@@ -223,9 +232,16 @@ def tuning_loader(
         seed=cfg.trainer.seed,
         make_loader=candidates,
         engine=args.get("engine") or PROCESS,
-        engines=[getattr(e, "value", e) for e in at.engines],
+        engines=_engines(at),
     )
     return loader, candidates
+
+
+def _engines(at: DictConfig) -> list[str] | None:
+    """``trainer.autotune.engines``; None for both, the default (threads then left out with
+    an info line, not a warning, for data they cannot read)."""
+    engines = [getattr(e, "value", e) for e in at.engines]
+    return None if set(engines) == {PROCESS, THREAD} else engines
 
 
 def summary(report: dict) -> str:

@@ -15,6 +15,7 @@ import itertools
 import queue
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -74,7 +75,9 @@ class ThreadLoader:
         self.sampler = sampler
         self.batch_size = batch_size if batch_sampler is None else None
         self.drop_last = drop_last
-        self.batch_sampler = batch_sampler or BatchSampler(sampler, batch_size or 1, drop_last)
+        if batch_sampler is None:
+            batch_sampler = BatchSampler(sampler, batch_size or 1, drop_last)
+        self.batch_sampler = batch_sampler
         self.prefetch_factor = prefetch_factor or 2
         self.pin_memory = pin_memory
         self.timeout = timeout
@@ -155,6 +158,10 @@ class _Batches(Iterator[Any]):
                     return
             self._put(_END)
         except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it
+            # The error's frames hold the pool's iterator (torchdata's, and this one's
+            # ``node``): let it go, so that its threads end now, not when the loop drops the error
+            node = None
+            traceback.clear_frames(exc.__traceback__)
             self._put(_Failed(exc))
 
     def _put(self, item: Any) -> bool:
@@ -187,7 +194,9 @@ class _Batches(Iterator[Any]):
     def close(self) -> None:
         """Stop reading, and wait (up to ``_JOIN_S``) for the pool's threads to end: each
         leaves its batch after the read under way, and torchdata ends them when its iterator
-        goes. A thread stuck in a read is left to end with the process."""
+        goes. A thread stuck in a read is left to end with the process. Once is enough."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         node, self._node = self._node, None
         while True:  # free what waits, so that the collating thread sees the stop

@@ -42,7 +42,7 @@ from feedrate.tuning.policy import (
 )
 from feedrate.tuning.probe import Probe
 from feedrate.tuning.ranks import Ranks
-from feedrate.tuning.state import Saved
+from feedrate.tuning.state import Saved, on_searched
 
 log = logging.getLogger("feedrate.tuning")
 
@@ -552,15 +552,8 @@ def _preset_start(
     if preset is None:
         return None, start, None
     start, recorded = preset.start_from(start)
-    if start.num_workers and start.engine not in searched:  # threads cannot read the data
-        log.warning(
-            "autotune_loader: the preset's %s is left out of the search here (engines: %s):"
-            " starting from it on worker processes",
-            start.describe(),
-            ", ".join(searched),
-        )
-        return preset, replace(start, engine=PROCESS), None
-    return preset, start, recorded
+    searchable = on_searched(start, searched, "the preset's")
+    return preset, searchable, recorded if searchable == start else None
 
 
 def _engines(
@@ -568,6 +561,8 @@ def _engines(
 ) -> tuple[str, ...]:
     """The engines the tuning searches: ``asked`` (both by default), less threads where they
     cannot read ``dataset`` (said, or refused where the ``start`` is on them)."""
+    if asked is not None and not list(asked):
+        raise ConfigError("autotune_loader: engines=[] names none: 'process', 'thread' or both")
     engines = tuple(dict.fromkeys(asked or (PROCESS, THREAD)))
     engine = start.engine
     wrong = [e for e in engines if e not in (PROCESS, THREAD)]

@@ -144,7 +144,9 @@ class Machine:
 class Choice:
     setting: Setting
     reason: str
-    beats_start: bool  # measured at least GAIN faster than the start: worth a preset
+    # measured at least GAIN faster than the start, or its workers on threads as fast
+    # (within EQUIVALENCE) as the setting chosen on processes: worth a preset
+    beats_start: bool
 
     @classmethod
     def from_dict(cls, data: dict) -> Choice:
@@ -232,9 +234,14 @@ class Climb:
 
     def predicted_seconds(self, setting: Setting, figures: list[Figure]) -> float:
         """What measuring ``setting`` would take: its window, its warm-up (at most a window)
-        and its start-up, a line through the start-ups measured (a fixed part, the first
-        batch's own time among it, and a part that grows with the workers)."""
-        known = [(f.setting.num_workers, f.startup_s) for f in figures if f.startup_s > 0]
+        and its start-up, a line through the start-ups measured on its engine (a fixed part,
+        the first batch's own time among it, and a part that grows with the workers). Threads
+        start in microseconds: before any is measured, the least start-up measured."""
+        started = [f for f in figures if f.startup_s > 0]
+        mine = [f for f in started if f.setting.engine == setting.engine]
+        if setting.threads and not mine:  # threads start in microseconds: the fixed part
+            return 2 * self.window_s + min((f.startup_s for f in started), default=0.0)
+        known = [(f.setting.num_workers, f.startup_s) for f in mine]
         slope = PER_WORKER_S
         if len({n for n, _ in known}) >= 2:
             mean_n = sum(n for n, _ in known) / len(known)
@@ -312,7 +319,7 @@ class Climb:
         a setting on worker processes: as fast, at the memory of one process. One window each
         shows no 5% either way, so the cheaper engine is given the benefit of the doubt, as
         the start is given ``gain``."""
-        if chosen.threads:
+        if chosen.threads or not chosen.num_workers:  # no worker process to save
             return None
         rate = max(f.samples_per_sec for f in figures if f.ok and f.setting == chosen)
         threads = [f for f in figures if f.ok and not f.left_early and f.setting.threads]

@@ -208,6 +208,17 @@ def measured_in_run(machine: dict, workload: dict, figure: Figure, **more: Any) 
     }
 
 
+def preset_setting(data: dict, path: Path | str) -> Setting:
+    """The setting a preset records (``num_workers``, ``prefetch_factor``, ``engine``); an
+    engine it cannot run on is named with the file."""
+    workers = int(data.get("num_workers") or 0)
+    engine = data.get("engine") or PROCESS
+    try:
+        return Setting(workers, data.get("prefetch_factor") if workers else None, engine)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}; fix its engine: key") from exc
+
+
 def setting_values(setting: Setting) -> dict[str, Any]:
     """The keys a tuning loader's choice sets: its workers, their queue depth, and what runs
     them."""
@@ -249,9 +260,7 @@ class LoaderPreset:
                 start.describe(),
             )
             return start, None
-        workers = int(data.get("num_workers") or 0)
-        engine = data.get("engine") or PROCESS
-        setting = Setting(workers, data.get("prefetch_factor") if workers else None, engine)
+        setting = preset_setting(data, self.path)
         log.info("autotune_loader: starting from %s (%s)", self.path, setting.describe())
         return setting, measured.get("samples_per_sec")
 

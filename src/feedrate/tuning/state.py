@@ -4,10 +4,13 @@ stream's position inside its epoch. The base of :class:`feedrate.tuning.TuningLo
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import logging
+from dataclasses import asdict, replace
 
 from feedrate.errors import ConfigError
 from feedrate.tuning.policy import Choice, Figure, Setting
+
+log = logging.getLogger("feedrate.tuning")
 
 
 class Saved:
@@ -71,11 +74,31 @@ class Saved:
         self.epoch, self._pos = int(state["epoch"]), int(state["batches"])
         self._resuming = True
         self.figures = [Figure.from_dict(f) for f in state["figures"]]
-        self.current = Setting(**state["current"])
+        searched = self.climb.machine.engines  # the state's own may be left out now
+        self.current = on_searched(Setting(**state["current"]), searched, "the state's")
         self.choice = Choice.from_dict(state["choice"]) if state["choice"] else None
+        if self.choice is not None:
+            chosen = on_searched(self.choice.setting, searched, "the state's choice")
+            self.choice = replace(self.choice, setting=chosen)
         self.tuning = self.choice is None
         self.spent_s = float(state["spent_s"])
         self.samples_tuning = int(state["samples_while_tuning"])
         self.written = state.get("written")
         self.budget_s = float(state.get("budget_s", self.budget_s))
         self.earlier = list(state.get("earlier") or [])
+
+
+def on_searched(setting: Setting, searched: tuple[str, ...], whose: str) -> Setting:
+    """``setting``, on the first engine searched where its own is left out here (threads, for
+    data they cannot read, or not asked for), said."""
+    if not setting.num_workers or setting.engine in searched:
+        return setting
+    log.warning(
+        "autotune_loader: %s %s runs on an engine left out of the search here (engines: %s):"
+        " it runs on %s instead",
+        whose,
+        setting.describe(),
+        ", ".join(searched),
+        searched[0],
+    )
+    return replace(setting, engine=searched[0])
