@@ -1360,6 +1360,34 @@ def test_once_the_width_is_settled_its_fastest_is_tried_on_threads(
     assert "loader.prefetch_factor=2" in searched[3]
 
 
+def _processes_over_budget_past_4(cfg) -> str | None:
+    """What the memory budget does to wide process pools (the guard's message aside)."""
+    if cfg.loader.engine.value == "process" and cfg.loader.num_workers > 4:
+        return "over budget: used 1,535 MB at peak, over the memory budget 1,164 MB"
+    return None
+
+
+def test_threads_try_the_widest_seed_that_processes_could_not_run(project, monkeypatch, capsys):
+    """The 16-worker seed measured nothing on processes (over the memory budget): the fastest
+    process trial (4 workers) is tried on 16 threads, not on 4."""
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 1.0)
+    proc, runner = _simulated(
+        project,
+        monkeypatch,
+        capsys,
+        *SLEEPY_SYNTHETIC,
+        "sweep.max_workers=16",
+        name="budgeted",
+        n_trials=4,
+        speed=lambda o: _workers(o) or 1,
+        fail=_processes_over_budget_past_4,
+    )
+    searched = [o for o in runner.ran if "trainer.measure" not in " ".join(o)]
+    thread = [o for o in searched if "loader.engine=thread" in o]
+    assert thread and _workers(thread[0]) == 16, [_workers(o) for o in searched]
+    assert "16, the widest seed, measured nothing on worker processes" in proc.out
+
+
 def _fails_past_two_workers(cfg) -> str | None:
     """A corrupt file that only a third worker reaches (test_host.py runs a real one)."""
     workers = cfg.loader.num_workers

@@ -445,9 +445,10 @@ def _asked(trial: Any, key: str) -> Any:
 def _on_threads(trials: list, completed: list, best: Any, config: DictConfig):
     """The fastest trial so far, run on worker processes, on as many thread workers, once the
     seeds have run, where the sweep searches both engines (:func:`engines`), no trial ran
-    that setting yet and none waits to run. Left to itself, TPE tries threads at whatever
-    worker count it draws (one worker at prefetch 8, in a sweep of latency-bound data whose
-    best had 64)."""
+    that setting yet and none waits to run; at the widest seed instead where wider seeds
+    measured nothing on processes (over ``sweep.memory_budget_gb``: a thread pool needs
+    less). Left to itself, TPE tries threads at whatever worker count it draws (one worker at
+    prefetch 8, in a sweep of latency-bound data whose best had 64)."""
     from optuna.trial import TrialState
 
     workers = best.params.get("loader.num_workers")
@@ -455,26 +456,33 @@ def _on_threads(trials: list, completed: list, best: Any, config: DictConfig):
         not workers
         or any(t.state == TrialState.WAITING for t in trials)  # a wider one is yet to run
         or best.params.get("loader.engine", "process") != "process"
-        or len(completed) < len(seed_workers(config))
+        or sum(t.state.is_finished() for t in trials) < len(seed_workers(config))
         or len(engines(config)) < 2
     ):
         return None
+    # seeds wider than the fastest that no process trial measured (over the memory budget,
+    # failed): threads, which need less, try the widest of them
+    measured = {_asked(t, "loader.num_workers") for t in completed}
+    unmeasured = [n for n in seed_workers(config) if n > workers and n not in measured]
+    width = max(unmeasured, default=workers)
     if any(
-        _asked(t, "loader.num_workers") == workers and _asked(t, "loader.engine") == "thread"
+        _asked(t, "loader.num_workers") == width and _asked(t, "loader.engine") == "thread"
         for t in trials
     ):
         return None
     params = {k: v for k, v in best.params.items() if k.removeprefix("loader.") not in PROCESS_ONLY}
-    params["loader.engine"] = "thread"
+    params |= {"loader.engine": "thread", "loader.num_workers": width}
     latest = max(completed, key=lambda t: t.number).distributions
     if in_space(params, latest) != {k: v for k, v in params.items() if k in latest}:
         return None  # a value this sweep does not search (a resumed study's wider space)
     objective = config.get("objective", "samples_per_sec")
     said = (
         f"the fastest trial so far ({workers} worker processes, {objective} {best.value:.1f})"
-        f" is tried on {workers} thread workers next: as fast, they need the memory of one"
+        f" is tried on {width} thread workers next: as fast, they need the memory of one"
         " process (sweep.engines)"
     )
+    if width != workers:
+        said += f"; {width}, the widest seed, measured nothing on worker processes"
     return params, said
 
 
