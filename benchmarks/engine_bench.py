@@ -70,6 +70,7 @@ TARGETS = {  # ratio -> (low end at least, high end at most), on the interval
     "catalog": {
         "thread/process samples/s": (0.95, None),
         "thread/process peak PSS": (None, 1 / 3),
+        "thread/process workers' PSS": (None, 1 / 3),
         "budget/both samples/s": (0.90, None),
     },
 }
@@ -156,12 +157,17 @@ def compare(workload: str, rows: list[dict], presets: dict) -> dict:
     """Medians, paired ratios with intervals, and the targets met or not."""
     ok = [r for r in rows if r["status"] == "ok"]
     alias = twins([(r["name"], r["settings"]) for r in ok if r["round"] == 0])
-    per = {"samples/s": {}, "peak PSS": {}}
+    per = {"samples/s": {}, "peak PSS": {}, "workers' PSS": {}}
     for r in ok:
         name = alias.get(r["name"], r["name"])
         per["samples/s"].setdefault(name, {})[r["round"]] = r["samples_per_sec"]
         if r["peak_pss_mb"]:
             per["peak PSS"].setdefault(name, {})[r["round"]] = r["peak_pss_mb"]
+    floor = per["peak PSS"].get(FLOOR, {})
+    for name, by in per["peak PSS"].items():  # what the workers add to the training process
+        above = {k: v - floor[k] for k, v in by.items() if k in floor and v > floor[k]}
+        if name != FLOOR and above:
+            per["workers' PSS"][name] = above
     medians = {
         what: {n: statistics.median(v.values()) for n, v in by.items()} for what, by in per.items()
     }
@@ -252,17 +258,19 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = list(results["workloads"])
-    fig, axes = plt.subplots(2, len(names), figsize=(5 * len(names), 7), squeeze=False)
+    kinds = ("samples/s", "peak PSS", "workers' PSS")
+    fig, axes = plt.subplots(3, len(names), figsize=(5 * len(names), 10), squeeze=False)
     for col, workload in enumerate(names):
         rounds = results["workloads"][workload]["compare"]["rounds"]
-        for row, what in enumerate(("samples/s", "peak PSS")):
+        for row, what in enumerate(kinds):
             ax, by = axes[row][col], rounds[what]
             for i, values in enumerate(by.values()):
                 ys = list(values.values())
                 ax.bar(i, statistics.median(ys), color="#9ab", width=0.6)
                 ax.plot([i] * len(ys), ys, "k.", ms=4)
             ax.set_xticks(range(len(by)), list(by), fontsize=8)
-            ax.set_title(f"{workload}: {what}" + (" (MB)" if what == "peak PSS" else ""))
+            unit = {"peak PSS": " (MB)", "workers' PSS": " above no_workers' (MB)"}.get(what, "")
+            ax.set_title(f"{workload}: {what}{unit}", fontsize=10)
             budget = results["workloads"][workload]["presets"].get("budget")
             if what == "peak PSS" and budget:
                 ax.axhline(budget["budget_gb"] * 1024, color="#c44", ls="--", lw=1)
@@ -271,6 +279,22 @@ def plot(results: dict, path: Path) -> None:
     fig.suptitle(f"the swept best on each engine, every round a dot ({commit})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def summarise(out: Path) -> int:
+    """The comparisons again from what a run recorded (its runs.jsonl and its presets), with
+    this script's compare: every figure from the runs, none measured again."""
+    results = json.loads((out / "results.json").read_text())
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    for workload, res in results["workloads"].items():
+        rows = [r for r in runs if r["workload"] == workload]
+        res["compare"] = compare(workload, rows, res["presets"])
+    results["summarised"] = {"by": "engine_bench.py --summarise", "commit": git_commit()}
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    (out / "tables.md").write_text(tables(results))
+    plot(results, out / "engines.png")
+    print(tables(results))
+    return 0
 
 
 def main() -> int:
@@ -287,7 +311,14 @@ def main() -> int:
     parser.add_argument("--extra", nargs="*", default=[], help="overrides for every run")
     parser.add_argument("--sweep-extra", nargs="*", default=[], help="for the sweeps only")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--summarise",
+        action="store_true",
+        help="recompute results.json, tables.md and engines.png from --out's runs.jsonl",
+    )
     args = parser.parse_args()
+    if args.summarise:
+        return summarise(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {
         "command": " ".join(sys.argv),
