@@ -238,7 +238,7 @@ def _plot_memory(path: Path, table: list[dict], decision, budget) -> None:
     fits = [
         (r["memory_mb"], r["samples_per_sec"])
         for r in measured
-        if budget is None or r["memory_mb"] <= budget.mb
+        if budget is None or r["memory_mb"] <= budget.usable_mb
     ]
     front = pareto_front(fits)
     if front:
