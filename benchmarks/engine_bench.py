@@ -219,10 +219,15 @@ def _judge(ratio: dict | None, low: float | None, high: float | None) -> str:
     return stats.MISSED if ratio["low"] > high else stats.NOT_SHOWN
 
 
-def describe(ratio: dict) -> str:
-    return stats.Comparison(
+def describe(ratio: dict, memory: bool = False) -> str:
+    """A ratio and its interval; for memory, less or more (a win or a loss reads backwards)."""
+    versus = stats.Comparison(
         ratio["ratio"], ratio["low"], ratio["high"], tuple(ratio["rounds"]), ratio["p_value"]
-    ).describe()
+    )
+    if not memory or versus.verdict == stats.TIE:
+        return versus.describe()
+    word = "less memory" if versus.verdict == stats.LOSS else "more memory"
+    return f"{versus.ratio:.2f}x [{versus.low:.2f}, {versus.high:.2f}] {word}"
 
 
 def tables(results: dict) -> str:
@@ -241,7 +246,8 @@ def tables(results: dict) -> str:
             preset = _settings(p["values"]) + budget
             lines.append(f"| {row}{same} | {preset} | {shown} | {pss or 0:,.0f} |")
         lines += ["", "| ratio | over the paired rounds |", "|---|---|"]
-        lines += [f"| {k} | {describe(v)} |" for k, v in res["compare"]["ratios"].items()]
+        ratios = res["compare"]["ratios"].items()
+        lines += [f"| {k} | {describe(v, k.endswith('PSS'))} |" for k, v in ratios]
         if res["compare"]["targets"]:
             lines += ["", "| target | result |", "|---|---|"]
             lines += [f"| {k} | {v} |" for k, v in res["compare"]["targets"].items()]
