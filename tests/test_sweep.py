@@ -1388,7 +1388,7 @@ def test_threads_try_the_widest_seed_that_processes_could_not_run(project, monke
     searched = [o for o in runner.ran if "trainer.measure" not in " ".join(o)]
     thread = [o for o in searched if "loader.engine=thread" in o]
     assert thread and _workers(thread[0]) == 16, [_workers(o) for o in searched]
-    assert "16, the widest seed, measured nothing on worker processes" in proc.out
+    assert "on thread workers next, at 16: the widest seed, which measured nothing" in proc.out
 
 
 def _fails_past_two_workers(cfg) -> str | None:

@@ -482,7 +482,12 @@ def _on_threads(trials: list, completed: list, best: Any, config: DictConfig):
         " process (sweep.engines)"
     )
     if width != workers:
-        said += f"; {width}, the widest seed, measured nothing on worker processes"
+        said = (
+            f"the fastest trial so far ({workers} worker processes, {objective}"
+            f" {best.value:.1f}) is tried on thread workers next, at {width}: the widest seed,"
+            " which measured nothing on worker processes (threads need the memory of one"
+            " process; sweep.engines)"
+        )
     return params, said
 
 
