@@ -405,8 +405,8 @@ class _Meters:
         if self.tuned is not None and cfg.max_seconds is not None:  # the whole run's time
             left = max(self.began + cfg.max_seconds - time.perf_counter(), 0.0)
             cfg = OmegaConf.merge(cfg, {"max_seconds": left})
-        drift = None
-        if cfg.drift_rise is not None and measure is not Measure.compute:
+        drift = None  # not while tuning: its settings differ window to window, by design
+        if cfg.drift_rise is not None and measure is not Measure.compute and not self.tuning:
             drift = DriftGuard(cfg.drift_rise, cfg.drift_windows, self.preset_wait)
         self.args["bar"].set_description("train [autotune]" if self.tuning else "train")
         fresh = _meter(cfg, self.loader, drift=drift, **self.args, start=self.where.step)
