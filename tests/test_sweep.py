@@ -1332,13 +1332,9 @@ def test_the_search_climbs_past_the_top_seed_while_it_is_the_fastest(
         assert max(workers) <= 16, "the seeds past the peak bound the search"
 
 
-@pytest.mark.parametrize("engines", ["[process,thread]", "[process]"])
-def test_once_the_width_is_settled_its_fastest_is_tried_on_threads(
-    project, monkeypatch, capsys, engines
-):
-    """The seeds' fastest (16 workers, the most the sweep may run) is the next trial on 16
-    thread workers, without the settings of worker processes; TPE alone would try threads at
-    whatever width it draws. Not where the sweep searches processes alone."""
+def _up_to_16_on_one_core(project, monkeypatch, capsys, *args, **kw):
+    """A simulated sweep of 4 trials on one core, seeds 1, 4 and 16 (the most it may run),
+    each trial as fast as its workers; the sweep's output and the search's trials."""
     monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 1.0)
     proc, runner = _simulated(
         project,
@@ -1346,13 +1342,25 @@ def test_once_the_width_is_settled_its_fastest_is_tried_on_threads(
         capsys,
         *SLEEPY_SYNTHETIC,
         "sweep.max_workers=16",
-        f"sweep.engines={engines}",
-        name="threads",
+        *args,
         n_trials=4,
         speed=lambda o: _workers(o) or 1,
+        **kw,
+    )
+    return proc, [o for o in runner.ran if "trainer.measure" not in " ".join(o)]
+
+
+@pytest.mark.parametrize("engines", ["[process,thread]", "[process]"])
+def test_once_the_width_is_settled_its_fastest_is_tried_on_threads(
+    project, monkeypatch, capsys, engines
+):
+    """The seeds' fastest (16 workers, the most the sweep may run) is the next trial on 16
+    thread workers, without the settings of worker processes; TPE alone would try threads at
+    whatever width it draws. Not where the sweep searches processes alone."""
+    proc, searched = _up_to_16_on_one_core(
+        project, monkeypatch, capsys, f"sweep.engines={engines}", name="threads"
     )
     assert proc.returncode == 0, proc.out[-3000:]
-    searched = [o for o in runner.ran if "trainer.measure" not in " ".join(o)]
     said = "is tried on 16 thread workers next"
     if engines == "[process]":
         assert said not in proc.out and not any("loader.engine=thread" in o for o in searched)
@@ -1373,19 +1381,9 @@ def _processes_over_budget_past_4(cfg) -> str | None:
 def test_threads_try_the_widest_seed_that_processes_could_not_run(project, monkeypatch, capsys):
     """The 16-worker seed measured nothing on processes (over the memory budget): the fastest
     process trial (4 workers) is tried on 16 threads, not on 4."""
-    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 1.0)
-    proc, runner = _simulated(
-        project,
-        monkeypatch,
-        capsys,
-        *SLEEPY_SYNTHETIC,
-        "sweep.max_workers=16",
-        name="budgeted",
-        n_trials=4,
-        speed=lambda o: _workers(o) or 1,
-        fail=_processes_over_budget_past_4,
+    proc, searched = _up_to_16_on_one_core(
+        project, monkeypatch, capsys, name="budgeted", fail=_processes_over_budget_past_4
     )
-    searched = [o for o in runner.ran if "trainer.measure" not in " ".join(o)]
     thread = [o for o in searched if "loader.engine=thread" in o]
     assert thread and _workers(thread[0]) == 16, [_workers(o) for o in searched]
     assert "on thread workers next, at 16: the widest seed, which measured nothing" in proc.out

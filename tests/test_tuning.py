@@ -391,9 +391,9 @@ def test_data_threads_cannot_read_is_searched_on_processes_and_said(dataset, kwa
 @pytest.mark.parametrize(
     "kwargs, problem",
     [
-        ({"engines": ["threads"]}, "engine 'threads' is not one"),
+        ({"engines": ["threads"]}, "engines: 'threads' is not an engine"),
         ({"engine": "thread", "engines": ["process"], "num_workers": 2}, "on engine='thread'"),
-        ({"engine": "threads"}, "engine='threads' must be"),
+        ({"engine": "threads"}, "engine: 'threads' is not an engine"),
     ],
 )
 def test_engines_it_cannot_search_are_named(kwargs, problem):

@@ -20,7 +20,7 @@ from feedrate.hardware import Hardware
 from feedrate.loader import skipped_samples
 from feedrate.project import command
 from feedrate.tuning import TuningLoader
-from feedrate.tuning.loader import Refused
+from feedrate.tuning.candidates import Refused
 from feedrate.tuning.policy import PROCESS, THREAD, Choice, Figure, Setting
 from feedrate.tuning.preset import preset_setting
 from feedrate.workload import Workload, candidate_loader

@@ -15,10 +15,8 @@ it mid-epoch, as torchdata's ``StatefulDataLoader`` does.
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, replace
@@ -30,9 +28,18 @@ from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler
 
 from feedrate.batch import batch_len
 from feedrate.errors import ConfigError
+from feedrate.tuning.candidates import (
+    Refused,
+    build,
+    check_engines,
+    end_loader_workers,
+    loader_failure,
+    preset_start,
+    searched_engines,
+    tree_pss_mb,
+)
 from feedrate.tuning.policy import (
     PROCESS,
-    THREAD,
     Choice,
     Climb,
     Figure,
@@ -42,16 +49,11 @@ from feedrate.tuning.policy import (
 )
 from feedrate.tuning.probe import Probe
 from feedrate.tuning.ranks import Ranks
-from feedrate.tuning.state import Saved, on_searched
+from feedrate.tuning.state import Saved
 
 log = logging.getLogger("feedrate.tuning")
 
 MIN_BUDGET_S = 5.0  # less than this measures nothing worth choosing by
-
-
-class Refused(Exception):
-    """``make_loader`` cannot build a setting here (its batches in flight would not fit in
-    /dev/shm, say): the setting fails as one whose workers died does."""
 
 
 def _cpu_times() -> tuple[float, float]:
@@ -60,15 +62,6 @@ def _cpu_times() -> tuple[float, float]:
     idle = t.idle + getattr(t, "iowait", 0.0)
     total = sum(t)
     return total - idle, total
-
-
-def _tree_pss_mb() -> float | None:
-    """The memory of this process and its workers (PSS, so that pages they share count
-    once), in MB: what a setting costs while it runs."""
-    from feedrate.monitor import _tree_memory
-
-    pss = _tree_memory(psutil.Process())[0]
-    return pss / 2**20 if pss else None
 
 
 def window_seconds(budget_s: float) -> float:
@@ -156,10 +149,10 @@ class TuningLoader(Saved):
         make_loader: Callable[..., Any] | None = None,
         engine: str = PROCESS,
         engines: Sequence[str] | None = None,
-        memory: Callable[[], float | None] | None = _tree_pss_mb,
+        memory: Callable[[], float | None] | None = tree_pss_mb,
     ) -> None:
         _check_args(batch_size, shuffle, sampler, batch_sampler, drop_last, budget_s, max_workers)
-        _check_engine(engine)
+        check_engines([engine], "engine")
         self.dataset = dataset
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.sampler, self.batch_sampler = sampler, batch_sampler
@@ -180,11 +173,11 @@ class TuningLoader(Saved):
         cap = max_workers or worker_bound(cores)
         workers = cores_start(cores) if num_workers is None else num_workers
         start = Setting(workers, prefetch_factor if workers else None, engine)
-        searched = _engines(dataset, start, engines, worker_init_fn)
-        self.preset, start, recorded = _preset_start(preset, start, searched, self._workload)
+        searched = searched_engines(dataset, start, engines, worker_init_fn)
+        self.preset, start, recorded = preset_start(preset, start, searched, self._workload)
         machine = Machine(cores, cap, searched)
         self.climb = Climb(start, machine, window_s=self.window_s, recorded=recorded)
-        self.make_loader = make_loader or _build
+        self.make_loader = make_loader or build
         self._plan = _Plan(self, self.ranks)
         self.epoch = 0
         self._pos = 0  # batches of this epoch already yielded
@@ -303,7 +296,7 @@ class TuningLoader(Saved):
         """End the running DataLoader's workers (``kill``: at once); their exit codes."""
         codes = []
         if self._loader is not None:
-            codes = _end_workers(self._loader, kill) or []
+            codes = end_loader_workers(self._loader, kill) or []
             self._loader = None
         return codes
 
@@ -353,7 +346,7 @@ class TuningLoader(Saved):
             return True
         try:
             batches = iter(loader)
-        except Exception as exc:  # noqa: BLE001 - named by _loader_failure, else raised
+        except Exception as exc:  # noqa: BLE001 - named by loader_failure, else raised
             failure = self._failure(exc, loader, setting)
         while failure is None:
             asked = self.clock()
@@ -386,11 +379,9 @@ class TuningLoader(Saved):
         """Why ``setting``'s loader failed, its workers killed; raised again where the run
         cannot go on without it: the start, a stream (its position is its workers'), several
         ranks (the others are already in the next step)."""
-        _end_workers(loader, kill=True)
+        end_loader_workers(loader, kill=True)
         self._loader = None
-        return _loader_failure(
-            exc, setting == self.climb.start or self.stream or self.ranks.enabled
-        )
+        return loader_failure(exc, setting == self.climb.start or self.stream or self.ranks.enabled)
 
     def _measured(self) -> bool:
         """The current setting's measurement is over: its probe says so, or the budget is
@@ -529,136 +520,6 @@ def _usable_cores() -> float:
     from feedrate.hardware import usable_cores
 
     return usable_cores()
-
-
-def _check_engine(engine: str) -> None:
-    if engine not in (PROCESS, THREAD):
-        raise ConfigError(
-            f"autotune_loader: engine={engine!r} must be {PROCESS!r} (worker processes) or"
-            f" {THREAD!r} (threads of this process)"
-        )
-
-
-def _preset_start(
-    preset: Any, start: Setting, searched: tuple[str, ...], workload: Callable[[], dict]
-) -> tuple[Any, Setting, float | None]:
-    """``preset`` (a file path, or an object that starts from and writes one), where the
-    tuning starts with it, and the rate it recorded there (None: searched again); on worker
-    processes where the preset's engine is left out of the search here."""
-    if isinstance(preset, (str, os.PathLike)):
-        from feedrate.tuning.preset import LoaderPreset
-
-        preset = LoaderPreset(preset, workload())
-    if preset is None:
-        return None, start, None
-    start, recorded = preset.start_from(start)
-    searchable = on_searched(start, searched, "the preset's")
-    return preset, searchable, recorded if searchable == start else None
-
-
-def _engines(
-    dataset: Dataset, start: Setting, asked: Sequence[str] | None, worker_init_fn: Callable | None
-) -> tuple[str, ...]:
-    """The engines the tuning searches: ``asked`` (both by default), less threads where they
-    cannot read ``dataset`` (said, or refused where the ``start`` is on them)."""
-    if asked is not None and not list(asked):
-        raise ConfigError("autotune_loader: engines=[] names none: 'process', 'thread' or both")
-    engines = tuple(dict.fromkeys(asked or (PROCESS, THREAD)))
-    engine = start.engine
-    wrong = [e for e in engines if e not in (PROCESS, THREAD)]
-    if wrong:
-        raise ConfigError(
-            f"autotune_loader: engine {wrong[0]!r} is not one: {PROCESS!r} (worker processes)"
-            f" or {THREAD!r} (threads of this process)"
-        )
-    if start.num_workers and engine not in engines:
-        raise ConfigError(
-            f"autotune_loader: it starts on engine={engine!r}, which engines={list(engines)}"
-            " leaves out: add it to engines, or start on one of them"
-        )
-    if THREAD not in engines:
-        return engines
-    why = ""
-    if worker_init_fn is not None:
-        why = "worker_init_fn runs in each worker process, and thread workers start none"
-    else:
-        from feedrate.threads import check_engine
-
-        try:
-            check_engine(dataset)
-        except ConfigError as exc:
-            why = str(exc)
-    if not why:
-        return engines
-    if start.threads or engines == (THREAD,):
-        raise ConfigError(f"autotune_loader: engine={THREAD!r}: {why}")
-    log.log(
-        logging.INFO if asked is None else logging.WARNING,
-        "autotune_loader: thread workers left out of the search: %s",
-        why,
-    )
-    return (PROCESS,)
-
-
-def _build(tl: TuningLoader, setting: Setting):
-    """The DataLoader of ``setting``: the tuning loader's dataset, batches and arguments,
-    its workers seeded by :meth:`TuningLoader.worker_seed`; on thread workers, a
-    :class:`feedrate.threads.ThreadLoader` of the same batches."""
-    from feedrate.loader import _Loader
-
-    args = dict(tl.loader_args)
-    if setting.threads:  # a map-style dataset (_engines): the plan's batches
-        from torch.utils.data import default_collate
-
-        from feedrate.threads import ThreadLoader
-
-        return ThreadLoader(
-            tl.dataset,
-            num_workers=setting.num_workers,
-            collate_fn=args["collate_fn"] or default_collate,
-            batch_sampler=tl._plan,
-            prefetch_factor=setting.prefetch_factor,
-            pin_memory=args["pin_memory"],
-            timeout=args["timeout"],
-        )
-    if setting.num_workers:
-        args.update(
-            num_workers=setting.num_workers,
-            prefetch_factor=setting.prefetch_factor,
-            persistent_workers=tl.persistent,
-            multiprocessing_context=tl.context,
-        )
-    generator = torch.Generator().manual_seed(tl.worker_seed())
-    if tl.stream:
-        return _Loader(
-            tl.dataset,
-            batch_size=tl.batch_size,
-            drop_last=tl.drop_last,
-            generator=generator,
-            **args,
-        )
-    return _Loader(tl.dataset, batch_sampler=tl._plan, generator=generator, **args)
-
-
-def _end_workers(loader: Any, kill: bool = False) -> list[int] | None:
-    end = getattr(loader, "end_workers", None)
-    return end(kill=kill) if end is not None else None
-
-
-# A candidate's loader that fails in these ways is dropped and the tuning goes on; any other
-# error (the dataset's own, the collate function's) is the loop's to see
-_LOADER_FAILURES = ("exited unexpectedly", "killed by signal", "DataLoader timed out")
-
-
-def _loader_failure(exc: Exception, is_start: bool) -> str:
-    """Why a setting's loader failed, where the setting is to blame; else ``exc`` again."""
-    message = str(exc).strip()
-    ours = isinstance(exc, RuntimeError) and any(m in message for m in _LOADER_FAILURES)
-    ours = ours or (isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENOMEM))
-    if not ours or is_start:
-        raise exc
-    first = (message.splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}"
 
 
 def _set_epoch(sampler: Any, epoch: int) -> None:
