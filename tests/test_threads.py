@@ -5,6 +5,8 @@ sample named, a hung read stopped by the timeout, and datasets threads cannot sh
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -217,7 +219,15 @@ def test_the_doctor_says_which_engine_the_samples_call_for(capsys):
     doctor.main([*tiny, "dataset.io_latency_ms=20", "loader.num_workers=2"])
     waits = capsys.readouterr().out
     assert "engine" in waits and "thread workers (loader.engine=thread) hide the wait" in waits
-    doctor.main([*tiny, "dataset.cpu_ms=20", "loader.num_workers=2"])
+    # beside two busy processes, so that a computing read spends time off the CPU too: it
+    # waits behind them, runnable, not blocked
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        doctor.main([*tiny, "dataset.cpu_ms=20", "loader.num_workers=2"])
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
     computes = capsys.readouterr().out
     assert "processes for Python code under the GIL" in computes
     doctor.main([*tiny, "loader.num_workers=2", "loader.engine=thread"])

@@ -240,8 +240,10 @@ def _check_engine(report: Report, dataset, measure: bool) -> None:
         return
     if not measure:
         return
-    wall, cpu = _read_times(dataset, reads=8)
-    waits = 1 - cpu / wall if wall > 0 else 0.0
+    wall, cpu, blocked = _read_times(dataset, reads=8)
+    # of the time off the CPU, the share spent blocked (on a sleep, the disk, the network),
+    # not runnable behind other processes: a busy machine does not make a computing read wait
+    waits = (1 - cpu / wall) * blocked if wall > 0 else 0.0
     if waits >= WAITS:
         text = (
             f"a read waits {waits:.0%} of its {wall / 8 * 1000:.1f} ms: thread workers"
@@ -256,13 +258,20 @@ def _check_engine(report: Report, dataset, measure: bool) -> None:
     report.line("info", "engine", text)
 
 
-def _read_times(dataset, reads: int) -> tuple[float, float]:
-    """(wall, CPU) seconds of ``reads`` samples read in turn: the CPU of every thread of this
-    process (a transform may compute on torch's own threads)."""
+def _read_times(dataset, reads: int) -> tuple[float, float, float]:
+    """(wall, CPU) seconds of ``reads`` samples read in turn, the CPU of every thread of this
+    process (a transform may compute on torch's own threads), and the share of the context
+    switches meanwhile that were voluntary: a thread that blocks gives the CPU up, one that
+    waits behind other processes has it taken (involuntary)."""
+    switches = resource.getrusage(resource.RUSAGE_SELF)
     wall, cpu = time.perf_counter(), time.process_time()
     for i in range(reads):
         dataset[i % len(dataset)]
-    return time.perf_counter() - wall, time.process_time() - cpu
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    gave = after.ru_nvcsw - switches.ru_nvcsw
+    taken = after.ru_nivcsw - switches.ru_nivcsw
+    return wall, cpu, gave / (gave + taken) if gave + taken else 0.0
 
 
 def _check_loader(report: Report, loader: DictConfig, machine: Machine, probe: Probe) -> None:
