@@ -190,6 +190,7 @@ def test_a_setting_that_fails_is_dropped_and_the_run_goes_on_from_where_it_was(
         *_counting("map", "loader=autotune", "trainer.epochs=2", *QUICK),
         "trainer.autotune.write_preset=true",
         "trainer.autotune.preset_name=at_fault",
+        "trainer.autotune.engines=[process]",  # the fault is a worker process's
         *fault,
     ]
     with caplog.at_level(logging.WARNING, logger="feedrate"):

@@ -107,7 +107,13 @@ class Candidates:
             self.skipped_before += skipped_samples(self._latest)
         try:
             self._latest = candidate_loader(
-                self.work, loader_cfg, self.cfg, self.hw, tl.worker_seed(), tl.batches_plan
+                self.work,
+                loader_cfg,
+                self.cfg,
+                self.hw,
+                tl.worker_seed(),
+                tl.batches_plan,
+                costs=True,
             )
         except ConfigError as exc:  # its batches in flight would not fit in /dev/shm
             raise Refused(str(exc)) from exc

@@ -37,6 +37,7 @@ from feedrate import targets
 from feedrate.batch import describe
 from feedrate.checks import check_picklable, start_method
 from feedrate.config import DEFAULT_COLLATE
+from feedrate.costs import CostedCollate, TimedReads, inner_collate
 from feedrate.decode import is_encoded
 from feedrate.distributed import shard
 from feedrate.errors import CollateError
@@ -165,14 +166,14 @@ def user_collate(named: dict | str) -> Callable[[list], object]:
 
 def produced_samples(loader: DataLoader) -> int | None:
     """Samples the loader's workers have produced so far (None without workers)."""
-    collate = getattr(loader, "collate_fn", None)
+    collate = inner_collate(getattr(loader, "collate_fn", None))
     if not isinstance(collate, CountingCollate) or len(collate.counts) == 1:
         return None
     return int(collate.counts[:-1, 0].sum())
 
 
 def skipped_samples(loader: DataLoader) -> int:
-    collate = getattr(loader, "collate_fn", None)
+    collate = inner_collate(getattr(loader, "collate_fn", None))
     return int(collate.counts[:, 1].sum()) if isinstance(collate, CountingCollate) else 0
 
 
@@ -184,11 +185,13 @@ def build_loader(
     ranks=None,
     worker_seed: int | None = None,
     batch_sampler: Sampler | None = None,
+    costs: bool = False,
 ) -> DataLoader:
     """A DataLoader over ``dataset`` with ``kwargs`` from :func:`loader_kwargs`; under torchrun
     (``ranks``), over this rank's shard. ``seed`` orders the samples; ``worker_seed`` (``seed``
     if None) seeds the workers' random augmentations. ``batch_sampler``: the batches come
-    from it (a tuning loader's plan), not from a sampler of the loader's own.
+    from it (a tuning loader's plan), not from a sampler of the loader's own. ``costs``: a
+    map-style dataset's batches come with what they cost their worker (:mod:`feedrate.costs`).
 
     Refuses, before any worker starts, a dataset that its workers could not receive.
     """
@@ -197,8 +200,11 @@ def build_loader(
     encoded = kwargs.pop("decode", None) == "device"
     named = kwargs.pop("collate_fn", None)  # the user's, counted as the default is
     workers = kwargs["num_workers"]
+    costs = costs and not is_stream(dataset)  # a stream reads inside its own iterator
     if kwargs.pop("engine", "process") == "thread":
-        return _thread_loader(dataset, kwargs, seed, stream, ranks, batch_sampler, encoded, named)
+        return _thread_loader(
+            dataset, kwargs, seed, stream, ranks, batch_sampler, encoded, named, costs
+        )
     if workers > 0:
         check_picklable(dataset, kwargs["multiprocessing_context"])
     cores = usable_cores()
@@ -223,25 +229,25 @@ def build_loader(
             worker_init_fn=init,
             **kwargs,
         )
+    collate = _collate(CountingCollate(workers, encoded, named), costs)
+    read = TimedReads(dataset) if costs else dataset
     if batch_sampler is not None:
         for key in ("batch_size", "shuffle", "drop_last"):
             kwargs.pop(key, None)
         return _Loader(
-            dataset,
+            read,
             batch_sampler=batch_sampler,
             generator=generator,
-            collate_fn=CountingCollate(workers, encoded, named),
+            collate_fn=collate,
             worker_init_fn=init,
             **kwargs,
         )
     kwargs = {**kwargs, "shuffle": False, "sampler": _sampler(dataset, kwargs, seed, stream, ranks)}
-    return _Loader(
-        dataset,
-        generator=generator,
-        collate_fn=CountingCollate(workers, encoded, named),
-        worker_init_fn=init,
-        **kwargs,
-    )
+    return _Loader(read, generator=generator, collate_fn=collate, worker_init_fn=init, **kwargs)
+
+
+def _collate(counting: CountingCollate, costs: bool) -> Callable[[list], object]:
+    return CostedCollate(counting) if costs else counting
 
 
 def _sampler(dataset: Dataset, kwargs: dict, seed: int, stream: bool, ranks) -> ResumableSampler:
@@ -271,13 +277,14 @@ def _thread_loader(
     batch_sampler: Sampler | None,
     encoded: bool,
     named: dict | None,
+    costs: bool = False,
 ) -> ThreadLoader:
     """``loader.engine=thread``: the same order, batches and collate on thread workers."""
     check_engine(dataset)
     workers = kwargs["num_workers"]
     common = {
         "num_workers": workers,
-        "collate_fn": CountingCollate(workers, encoded, named),
+        "collate_fn": _collate(CountingCollate(workers, encoded, named), costs),
         "prefetch_factor": kwargs.get("prefetch_factor"),
         "pin_memory": kwargs["pin_memory"],
         "timeout": kwargs["timeout"],

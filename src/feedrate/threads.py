@@ -23,6 +23,7 @@ from typing import Any
 import torchdata.nodes as tn
 from torch.utils.data import BatchSampler, Dataset, Sampler, Subset
 
+from feedrate.costs import CostedCollate, Reads, thread_clock
 from feedrate.errors import ConfigError
 from feedrate.stream import is_stream
 
@@ -122,15 +123,20 @@ class _Batches(Iterator[Any]):
         stop = self._stop = threading.Event()
         pool = self._pool = []  # this pool's threads, as each starts reading
 
+        timed = isinstance(make, CostedCollate)  # its reads timed too, in the reading thread
+
         def read(indices: list[int]) -> list[Any] | None:
             if worker_id() is None:
                 _current.id = next(ids)  # each thread of this pool: its id, on its first batch
                 pool.append(threading.current_thread())
-            samples = []
+            before = thread_clock() if timed else None
+            samples = Reads() if timed else []
             for i in indices:
                 if stop.is_set():  # ended: nobody takes this batch, its other reads are left
                     return None
                 samples.append(dataset[i])
+            if before is not None:
+                samples.read = tuple(b - a for a, b in zip(before, thread_clock(), strict=True))
             return samples
 
         def collate(samples: list[Any] | None) -> Any:

@@ -230,11 +230,13 @@ def candidate_loader(
     hw: Hardware,
     worker_seed: int,
     batch_sampler: Sampler | None = None,
+    costs: bool = False,
 ) -> DataLoader:
     """A DataLoader over the same training set, from ``loader`` (this rank's settings: its
     ``num_workers`` is not split again), its workers seeded with ``worker_seed``, its batches
     from ``batch_sampler`` (map-style data). Refused (ConfigError) when its batches in flight
-    cannot fit in /dev/shm. The lines every loader's build logs (pinning off the GPU, workers
+    cannot fit in /dev/shm; ``costs``: its batches say what they cost (a tuning loader's).
+    The lines every loader's build logs (pinning off the GPU, workers
     past the cores) were said for the run's first one. The workload's ``loader_args`` and
     ``context`` become its own."""
     quiet = logging.getLogger("feedrate.loader")
@@ -260,6 +262,7 @@ def candidate_loader(
             seed=cfg.trainer.seed,
             worker_seed=worker_seed,
             batch_sampler=None if is_stream(work.dataset) else batch_sampler,
+            costs=costs,
         )
     finally:
         quiet.level = level

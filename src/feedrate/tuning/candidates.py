@@ -105,19 +105,22 @@ def searched_engines(
 def build(tl: Any, setting: Setting):
     """The DataLoader of ``setting``: the tuning loader's (``tl``) dataset, batches and arguments,
     its workers seeded by :meth:`TuningLoader.worker_seed`; on thread workers, a
-    :class:`feedrate.threads.ThreadLoader` of the same batches."""
+    :class:`feedrate.threads.ThreadLoader` of the same batches. A map-style dataset's batches
+    come with what they cost their worker (:mod:`feedrate.costs`)."""
+    from torch.utils.data import default_collate
+
+    from feedrate.costs import CostedCollate, TimedReads
     from feedrate.loader import _Loader
 
     args = dict(tl.loader_args)
+    collate = args["collate_fn"] or default_collate
     if setting.threads:  # a map-style dataset (searched_engines): the plan's batches
-        from torch.utils.data import default_collate
-
         from feedrate.threads import ThreadLoader
 
         return ThreadLoader(
             tl.dataset,
             num_workers=setting.num_workers,
-            collate_fn=args["collate_fn"] or default_collate,
+            collate_fn=CostedCollate(collate),
             batch_sampler=tl._plan,
             prefetch_factor=setting.prefetch_factor,
             pin_memory=args["pin_memory"],
@@ -131,7 +134,7 @@ def build(tl: Any, setting: Setting):
             multiprocessing_context=tl.context,
         )
     generator = torch.Generator().manual_seed(tl.worker_seed())
-    if tl.stream:
+    if tl.stream:  # its reads happen inside its own iterator: not timed
         return _Loader(
             tl.dataset,
             batch_size=tl.batch_size,
@@ -139,7 +142,8 @@ def build(tl: Any, setting: Setting):
             generator=generator,
             **args,
         )
-    return _Loader(tl.dataset, batch_sampler=tl._plan, generator=generator, **args)
+    args["collate_fn"] = CostedCollate(collate)
+    return _Loader(TimedReads(tl.dataset), batch_sampler=tl._plan, generator=generator, **args)
 
 
 def end_loader_workers(loader: Any, kill: bool = False) -> list[int] | None:

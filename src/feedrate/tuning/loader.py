@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler
 
 from feedrate.batch import batch_len
+from feedrate.costs import inner_collate, split
 from feedrate.errors import ConfigError
 from feedrate.tuning.candidates import (
     Refused,
@@ -65,8 +66,9 @@ def _cpu_times() -> tuple[float, float]:
 
 
 def window_seconds(budget_s: float) -> float:
-    """A setting's window: a twelfth of the budget, between 1 and 3 s."""
-    return min(3.0, max(1.0, budget_s / 12))
+    """A setting's window: a twentieth of the budget, between 1 and 2 s (a prediction is
+    verified in a few windows: the choice comes within 15 s)."""
+    return min(2.0, max(1.0, budget_s / 20))
 
 
 class _Plan(Sampler[list[int]]):
@@ -150,6 +152,7 @@ class TuningLoader(Saved):
         engine: str = PROCESS,
         engines: Sequence[str] | None = None,
         memory: Callable[[], float | None] | None = tree_pss_mb,
+        predicts: bool = True,
     ) -> None:
         _check_args(batch_size, shuffle, sampler, batch_sampler, drop_last, budget_s, max_workers)
         check_engines([engine], "engine")
@@ -176,7 +179,9 @@ class TuningLoader(Saved):
         searched = searched_engines(dataset, start, engines, worker_init_fn)
         self.preset, start, recorded = preset_start(preset, start, searched, self._workload)
         machine = Machine(cores, cap, searched)
-        self.climb = Climb(start, machine, window_s=self.window_s, recorded=recorded)
+        self.climb = Climb(
+            start, machine, window_s=self.window_s, recorded=recorded, predicts=predicts
+        )
         self.make_loader = make_loader or build
         self._plan = _Plan(self, self.ranks)
         self.epoch = 0
@@ -256,7 +261,7 @@ class TuningLoader(Saved):
     @property
     def collate_fn(self) -> Callable | None:
         """The collate function of the DataLoader now running (None between them)."""
-        return getattr(self._loader, "collate_fn", None)
+        return inner_collate(getattr(self._loader, "collate_fn", None))
 
     @property
     def position(self) -> tuple[int, int]:
@@ -284,7 +289,12 @@ class TuningLoader(Saved):
         )
         self.figures, self.choice, self.tuning = [], None, True
         self.budget_s = self.spent_s + budget_s
-        self.climb = Climb(self.current, self.climb.machine, window_s=self.window_s)
+        self.climb = Climb(
+            self.current,
+            self.climb.machine,
+            window_s=self.window_s,
+            predicts=self.climb.predicts,
+        )
         self._probe = None
         return True
 
@@ -359,6 +369,7 @@ class TuningLoader(Saved):
                 break
             self._last_out = self.clock()
             waited = self._last_out - asked
+            batch, cost = split(batch)  # what it cost its worker, where the loader says
             samples = self._samples(batch)
             self._pos += 1
             if self.tuning:
@@ -366,7 +377,7 @@ class TuningLoader(Saved):
                 if self._probe is not None and self._in_tail():
                     self._probe.pause()  # measured again after the next epoch's warm-up
                 elif self._probe is not None:
-                    self._probe.took(waited, samples)
+                    self._probe.took(waited, samples, cost)
             yield batch
             if self.tuning and not self.stream and self.ranks.agree(self._measured()):
                 if self._next_setting():
@@ -464,7 +475,15 @@ class TuningLoader(Saved):
         if self.ranks.is_main:
             log.info("autotune_loader: %s", figure.describe())
         left = self.budget_s - self._spent_now()
+        made = len(self.climb.predictions)
         nxt = self.climb.next(self.figures, left) if self.ranks.is_main else None
+        for _, prediction in self.climb.predictions[made:]:
+            log.info(
+                "autotune_loader predicts %s: %s samples/s (%s)",
+                prediction.setting.describe(),
+                f"{prediction.samples_per_sec:,.1f}",
+                prediction.why,
+            )
         decision = self.ranks.share(None if nxt is None else nxt.as_dict())
         if decision is not None:
             self.current = Setting(**decision)

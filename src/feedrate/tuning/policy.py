@@ -18,12 +18,15 @@ import math
 from dataclasses import dataclass, replace
 
 from feedrate.tuning.decide import EQUIVALENCE, GAIN, Once, decide
+from feedrate.tuning.model import Costs, Pipeline, Prediction, predict, rate
+from feedrate.tuning.setting import PROCESS, THREAD, Setting
 
 MAX_STEP = 4.0  # the most a step multiplies the workers by
 DEEPEST_PREFETCH = 8
 WAIT_HIGH = 0.10  # above: the consumer waits for data (input-bound)
 BUSY = 0.90  # of the cores: no room for more workers doing CPU work
 PER_WORKER_S = 0.02  # start-up a worker adds, at least (a fork, and its first batch queued)
+CLOSE = 1.2  # workers this close (as a ratio) are one setting to a single window
 
 
 def worker_bound(cores: float) -> int:
@@ -50,50 +53,6 @@ def wider(workers: int, cap: int, data_wait: float | None = None, cpu_busy: floa
     return min(cap, max(here + 1, math.ceil(here * step)))
 
 
-PROCESS, THREAD = "process", "thread"  # loader.engine: worker processes, or threads
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One loader setting: the DataLoader's own arguments that the tuner turns, and whether
-    its workers are processes or threads of the training process (``loader.engine``)."""
-
-    num_workers: int
-    prefetch_factor: int | None = None  # None: PyTorch's 2 (and none without workers)
-    engine: str = PROCESS
-
-    def __post_init__(self) -> None:
-        """One way to say each setting: no prefetch without workers, 2 for PyTorch's default,
-        and no thread workers without workers."""
-        depth = None if not self.num_workers else (self.prefetch_factor or 2)
-        object.__setattr__(self, "prefetch_factor", depth)
-        if not self.num_workers:
-            object.__setattr__(self, "engine", PROCESS)
-        elif self.engine not in (PROCESS, THREAD):
-            raise ValueError(f"engine={self.engine!r}: {PROCESS!r} or {THREAD!r}")
-
-    @property
-    def depth(self) -> int:
-        return self.prefetch_factor or 2
-
-    @property
-    def threads(self) -> bool:
-        return self.engine == THREAD
-
-    def describe(self) -> str:
-        if not self.num_workers:
-            return "num_workers=0"
-        on = ", engine=thread" if self.threads else ""
-        return f"num_workers={self.num_workers}, prefetch_factor={self.depth}{on}"
-
-    def as_dict(self) -> dict:
-        return {
-            "num_workers": self.num_workers,
-            "prefetch_factor": self.prefetch_factor,
-            "engine": self.engine,
-        }
-
-
 @dataclass(frozen=True)
 class Figure:
     """What measuring one setting gave."""
@@ -107,6 +66,7 @@ class Figure:
     left_early: bool = False  # measured slower than the best and left at once
     failed: str = ""
     pss_mb: float | None = None  # the process tree's memory (PSS) at its window's end
+    costs: Costs | None = None  # what a batch cost, where its loader said (feedrate.costs)
 
     @property
     def ok(self) -> bool:
@@ -126,7 +86,9 @@ class Figure:
     @classmethod
     def from_dict(cls, data: dict) -> Figure:
         """A figure from :func:`dataclasses.asdict` (a checkpoint's plain data)."""
-        return cls(**{**data, "setting": Setting(**data["setting"])})
+        costs = data.get("costs")
+        costs = Costs.from_dict(costs) if isinstance(costs, dict) else costs
+        return cls(**{**data, "setting": Setting(**data["setting"]), "costs": costs})
 
 
 @dataclass(frozen=True)
@@ -165,11 +127,15 @@ class Climb:
         wait_high: float = WAIT_HIGH,
         gain: float = GAIN,
         recorded: float | None = None,
+        predicts: bool = True,
     ) -> None:
         self.start, self.machine, self.window_s = start, machine, window_s
         self.wait_high, self.gain = wait_high, gain
         # the start is a preset measured here at this rate: checked, not searched again
         self.recorded = recorded
+        # from what a sample costs, where the figures say (else the figures alone lead)
+        self.predicts = predicts
+        self.predictions: list[tuple[int, Prediction]] = []  # (after how many figures, what)
 
     def next(self, figures: list[Figure], seconds_left: float) -> Setting | None:
         """The next setting to measure, or None: the search is over."""
@@ -177,7 +143,9 @@ class Climb:
         if best is None or self._confirmed(figures):
             return None
         tried = {f.setting for f in figures}
-        for setting in self._moves(best, figures):
+        costs = self._costs(figures) if self.predicts else None
+        moves = self._verify(best, figures, costs) if costs else self._moves(best, figures)
+        for setting in moves:
             if setting in tried:
                 continue
             if self.predicted_seconds(setting, figures) > seconds_left:
@@ -214,6 +182,92 @@ class Climb:
             deeper = min(DEEPEST_PREFETCH, 4 * here.depth)
             moves.append(replace(here, prefetch_factor=deeper))
         return [self._valid(m) for m in moves]
+
+    # -- predict, then verify (docs/design.md, "What a sample costs") --------------------------
+
+    @property
+    def pipeline(self) -> Pipeline:
+        m = self.machine
+        return Pipeline(m.cores, m.max_workers, m.engines)
+
+    @staticmethod
+    def _costs(figures: list[Figure]) -> Costs | None:
+        """What a sample costs, as the latest setting that said measured it."""
+        said = [f for f in figures if f.ok and f.costs is not None]
+        return said[-1].costs if said else None
+
+    def _predicted(self, figures: list[Figure], costs: Costs) -> Prediction:
+        """The model's setting from the latest costs, recorded where it is a new one."""
+        made = predict(costs, self.pipeline)
+        made = replace(made, setting=self._valid(made.setting))
+        if all(p.setting != made.setting for _, p in self.predictions):
+            self.predictions.append((len(figures), made))
+        return made
+
+    def _verify(self, best: Figure, figures: list[Figure], costs: Costs) -> list[Setting]:
+        """The prediction first, predicted again from the latest costs (a prediction measured
+        has costs of its own, at the load it puts on the cores), at most three, each measured
+        unless a setting within ``CLOSE`` of it was; then the best setting's neighbours where
+        the model leaves a doubt: wider where its workers hold it and the loop still waits,
+        and the other engine and no workers where the model rates them near it."""
+        moves = []
+        if len(self.predictions) < 3:
+            predicted = self._predicted(figures, costs).setting
+            if not self._close_to_tried(predicted, figures):
+                moves.append(predicted)
+        here, pipe = best.setting, self.pipeline
+        near = (1 - 2 * EQUIVALENCE) * best.samples_per_sec
+        if here.num_workers:
+            held = rate(costs, here, pipe)[1] == "workers"
+            if (
+                held
+                and best.data_wait_frac >= self.wait_high
+                and here.num_workers < pipe.max_workers
+            ):
+                wider = min(pipe.max_workers, math.ceil(here.num_workers * 1.5))
+                moves.append(replace(here, num_workers=wider))
+            moves += [s for s in self._other_engine(here) if rate(costs, s, pipe)[0] >= near]
+            if rate(costs, Setting(0), pipe)[0] >= near:
+                moves.append(Setting(0))
+        return [self._valid(m) for m in moves]
+
+    @staticmethod
+    def _close_to_tried(setting: Setting, figures: list[Figure]) -> bool:
+        """A setting on the same engine and depth, its workers within ``CLOSE``, was measured:
+        one window tells no such two apart."""
+        for f in figures:
+            s = f.setting
+            if (s.engine, s.depth, bool(s.num_workers)) != (
+                setting.engine,
+                setting.depth,
+                bool(setting.num_workers),
+            ):
+                continue
+            if s.num_workers and max(s.num_workers, setting.num_workers) <= CLOSE * min(
+                s.num_workers, setting.num_workers
+            ):
+                return True
+        return False
+
+    def prediction_report(self, figures: list[Figure]) -> list[dict]:
+        """Each prediction beside what its setting measured: plain data for metrics.json."""
+        measured = {f.setting: f.samples_per_sec for f in figures if f.ok}
+        out = []
+        for after, made in self.predictions:
+            got = measured.get(made.setting)
+            out.append(
+                {
+                    "after_figures": after,
+                    "setting": made.setting.as_dict(),
+                    "from": made.measured_from.as_dict() if made.measured_from else None,
+                    "predicted_samples_per_sec": round(made.samples_per_sec, 1),
+                    "bound": made.bound,
+                    "why": made.why,
+                    "measured_samples_per_sec": None if got is None else round(got, 1),
+                    "error": None if not got else round(got / made.samples_per_sec - 1, 3),
+                }
+            )
+        return out
 
     def _valid(self, setting: Setting) -> Setting:
         """No prefetch without workers (the DataLoader refuses one); workers on an engine

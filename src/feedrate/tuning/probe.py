@@ -20,9 +20,12 @@ whose rate bounds the steady one from above only where the loader, not the consu
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from feedrate.costs import BatchCost
+from feedrate.tuning.model import Costs
 from feedrate.tuning.policy import Figure, Setting
 
 LEAVE_BELOW = 0.8  # of the best rate: a setting this much slower is left
@@ -39,6 +42,34 @@ class _Tally:
     waited: float = 0.0
 
 
+@dataclass
+class _Spent:
+    """What the batches of a window said they cost their workers, and the main process's CPU."""
+
+    worker_s: list[float] = field(default_factory=list)  # each batch's time in its worker
+    samples: int = 0
+    worker_cpu_s: float = 0.0
+    queued_s: float = 0.0
+    collate_s: float = 0.0
+    nbytes: int = 0
+    waits: list[float] = field(default_factory=list)  # each batch's wait inside __next__
+    main_cpu_s: float = 0.0  # the main process's, over the window
+
+    def add(self, cost: BatchCost, waited: float) -> None:
+        self.worker_s.append(cost.read_s + cost.collate_s)
+        self.samples += cost.samples
+        self.worker_cpu_s += cost.read_cpu_s + cost.collate_cpu_s
+        self.queued_s += cost.read_queued_s
+        self.collate_s += cost.collate_s
+        self.nbytes += cost.nbytes
+        self.waits.append(waited)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
 class Probe:
     """One setting's measurement: :meth:`took` after every batch; :attr:`done` when over."""
 
@@ -50,9 +81,12 @@ class Probe:
         best: float | None,
         clock: Callable[[], float],
         cpu: Callable[[], tuple[float, float]] | None = None,
+        main_cpu: Callable[[], float] | None = time.process_time,
     ) -> None:
         self.setting, self.window_s, self.best = setting, window_s, best
-        self.clock, self.cpu = clock, cpu
+        self.clock, self.cpu, self.main_cpu = clock, cpu, main_cpu
+        self.spent = _Spent()  # what the window's batches cost (loaders built with costs)
+        self.main_cpu_at: float | None = None
         self.began = clock()
         self.startup_s: float | None = None  # building its loader to its first batch
         self.warm_from: float | None = None  # the first batch of this loader
@@ -70,8 +104,9 @@ class Probe:
     def backlog(self) -> int:
         return self.setting.num_workers * self.setting.depth
 
-    def took(self, waited: float, samples: int) -> None:
-        """A batch of ``samples`` arrived after the consumer waited ``waited`` seconds for it."""
+    def took(self, waited: float, samples: int, cost: BatchCost | None = None) -> None:
+        """A batch of ``samples`` arrived after the consumer waited ``waited`` seconds for it;
+        ``cost``: what it cost its worker, where the loader says."""
         if self.done:
             return
         now = self.clock()
@@ -86,6 +121,8 @@ class Probe:
         w = self.open
         w.samples, w.batches, w.waited = w.samples + samples, w.batches + 1, w.waited + waited
         w.seconds = now - self.window_from
+        if cost is not None and cost.samples:
+            self.spent.add(cost, waited)
         self._check(now)
 
     def _warming(self, now: float, waited: float, samples: int) -> None:
@@ -95,6 +132,7 @@ class Probe:
         if drained or self.warm_batches >= self.backlog or now - self.warm_from >= self.window_s:
             self.window_from = now
             self.cpu_at = self.cpu() if self.cpu is not None else None
+            self.main_cpu_at = self.main_cpu() if self.main_cpu is not None else None
 
     def _slower(self, t: _Tally) -> bool:
         """Shown slower than the best: below ``LEAVE_BELOW`` of it, with the consumer held
@@ -148,6 +186,9 @@ class Probe:
         self.began = self.clock()
 
     def _busy(self) -> None:
+        if self.main_cpu is not None and self.main_cpu_at is not None:
+            self.spent.main_cpu_s += self.main_cpu() - self.main_cpu_at
+            self.main_cpu_at = None
         if self.cpu is not None and self.cpu_at is not None:
             busy, total = (b - a for a, b in zip(self.cpu_at, self.cpu(), strict=True))
             self.cpu_busy = max(self.cpu_busy, busy / total if total > 0 else 0.0)
@@ -173,4 +214,33 @@ class Probe:
             startup_s=self.startup_s or 0.0,
             left_early=self.left_early,
             failed=failed,
+            costs=None if failed else self.costs(),
+        )
+
+    def costs(self) -> Costs | None:
+        """What a batch cost over the window, where its batches said (None: they did not)."""
+        t, spent = self.held, self.spent
+        n = len(spent.worker_s)
+        if not n or not t.batches or t.seconds <= 0 or not spent.samples:
+            return None
+        mean = sum(spent.worker_s) / n
+        in_process = self.setting.threads or not self.setting.num_workers
+        main_cpu = spent.main_cpu_s - (spent.worker_cpu_s * t.batches / n if in_process else 0.0)
+        workers = self.setting.num_workers and not self.setting.threads
+        # a loop that mostly waits has no batch ready when it asks: its waits are not hand-offs
+        starved = t.waited >= 0.3 * t.seconds
+        return Costs(
+            batch_size=spent.samples / n,
+            worker_s=mean,
+            worker_cpu_s=spent.worker_cpu_s / n,
+            queued_s=spent.queued_s / n,
+            collate_s=spent.collate_s / n,
+            tail=_quantile(spent.worker_s, 0.95) / mean if mean > 0 else 1.0,
+            step_s=max(0.0, t.seconds - t.waited) / t.batches,
+            step_cpu_s=max(0.0, main_cpu) / t.batches,
+            handoff_s=_quantile(spent.waits, 0.25) if workers and not starved else 0.0,
+            nbytes=spent.nbytes / n,
+            workers_cores=spent.worker_cpu_s / t.seconds,
+            measured_on=self.setting,
+            batches=n,
         )

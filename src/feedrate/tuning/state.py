@@ -41,6 +41,7 @@ class Saved:
             "reason": self.choice.reason if self.choice else "still tuning",
             "preset": self.written,
             "earlier": self.earlier,
+            "predictions": self.climb.prediction_report(self.figures),
         }
 
     def state_dict(self) -> dict:

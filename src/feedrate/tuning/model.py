@@ -1,0 +1,179 @@
+"""A model of the input pipeline: from what a sample costs, the setting that feeds the step
+(docs/design.md, "The tuning loader", "What a sample costs").
+
+A pure function, as the policy is: the costs one setting measured (a batch's time in its
+worker, its CPU, its bytes, the step's own time and CPU), the cores and the engines in; a
+predicted rate for any setting, and the setting predicted best, out. Four rules:
+
+- **Little's law.** ``N`` workers that each take ``T`` seconds a batch make ``N / T`` batches
+  a second: the step, which takes ``1 / step`` a second, needs ``rate x T`` workers, with
+  headroom for the spread of batch times.
+- **The CPU cap.** No setting passes ``cores / (CPU of a batch + the step's CPU a batch)``:
+  past it, workers only compete with the step.
+- **The engine.** Threads share one interpreter: the CPU a read holds the GIL for is done one
+  thread at a time. A batch's CPU against its wall time in a worker says how much that is.
+- **The depth.** A batch that takes ``k`` times the mean stalls the queue for ``k`` batches'
+  time: the other workers keep working if each may hold ``k`` batches.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from feedrate.tuning.setting import PROCESS, Setting
+
+DEEPEST = 8  # the deepest queue a worker gets (prefetch_factor)
+HANDOFF_S = 50e-6  # a batch's hand-off from a worker process, before its bytes: pickling, a queue
+HANDOFF_BYTES_S = 2e9  # bytes a second the main process receives from worker processes at
+EQUAL = 0.05  # predicted rates this close are one: the cheaper setting (no process) is taken
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What one setting's window measured of a batch, in seconds (of ``samples`` samples)."""
+
+    batch_size: float  # samples a batch, on average
+    worker_s: float  # a batch's time in its worker (its reads and its collate), mean
+    worker_cpu_s: float  # of which on a core
+    queued_s: float  # of which ready to run, waiting for a core (busy cores: not the data's)
+    collate_s: float  # the collate's part of ``worker_s``
+    tail: float  # the slow batches' time in a worker (95th percentile) over the mean
+    step_s: float  # the loop's time a batch outside ``__next__``: its step
+    step_cpu_s: float  # the main process's CPU a batch, the workers' own left out
+    handoff_s: float  # a batch's time inside ``__next__`` when one is ready (0: not measured)
+    nbytes: float  # a batch's bytes
+    workers_cores: float = 0.0  # cores the workers used together over the window
+    measured_on: Setting | None = None
+    batches: int = 0  # batches reported in the window
+
+    @property
+    def blocked_s(self) -> float:
+        """A batch's time in its worker off the CPU and not waiting for one: storage, the
+        network, a lock (on threads, the GIL too)."""
+        return max(0.0, self.worker_s - self.worker_cpu_s - self.queued_s)
+
+    @property
+    def alone_s(self) -> float:
+        """A batch's time in a worker with a core of its own."""
+        return self.blocked_s + self.worker_cpu_s
+
+    @property
+    def gil_share(self) -> float:
+        """The share of a worker's CPU that holds the GIL: all of it, unless thread workers
+        were measured using more than one core together (C code that releases it)."""
+        on_threads = self.measured_on is not None and self.measured_on.threads
+        if on_threads and self.workers_cores > 1.05:
+            return 1 / self.workers_cores
+        return 1.0
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Costs:
+        on = data.get("measured_on")
+        return cls(**{**data, "measured_on": Setting(**on) if on else None})
+
+
+@dataclass(frozen=True)
+class Prediction:
+    setting: Setting
+    samples_per_sec: float
+    bound: str  # what holds it there: "step", "workers", "cores", "gil", "collate"
+    measured_from: Setting | None  # the setting whose costs it read
+    why: str
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The machine the model predicts for."""
+
+    cores: float
+    max_workers: int
+    engines: tuple[str, ...] = (PROCESS,)
+    memory_mb: float | None = None  # what the loader may add (None: not limited here)
+    worker_mb: float = 0.0  # a worker process's own memory
+
+
+def handoff_s(costs: Costs, setting: Setting) -> float:
+    """The main process's time to take a batch from ``setting``'s workers: measured where the
+    costs were measured on worker processes, else a queue's overhead and the bytes' copy."""
+    if not setting.num_workers or setting.threads:
+        return 0.0
+    on = costs.measured_on
+    if on is not None and on.num_workers and not on.threads and costs.handoff_s > 0:
+        return costs.handoff_s
+    return HANDOFF_S + costs.nbytes / HANDOFF_BYTES_S
+
+
+def rate(costs: Costs, setting: Setting, pipe: Pipeline) -> tuple[float, str]:
+    """The samples a second ``setting`` is predicted to train at, and what bounds it."""
+    b = max(costs.batch_size, 1e-9)
+    if not setting.num_workers:  # the main process reads, collates and steps in turn
+        per_batch = costs.step_s + costs.alone_s
+        return b / max(per_batch, 1e-9), "step"
+    take = handoff_s(costs, setting)
+    step_cpu = costs.step_cpu_s + take
+    bounds = {
+        "step": 1 / max(costs.step_s + take, 1e-9),
+        "workers": setting.num_workers / max(costs.alone_s, 1e-9),
+        "cores": pipe.cores / max(costs.worker_cpu_s + step_cpu, 1e-9),
+    }
+    if setting.threads:
+        gil = costs.worker_cpu_s * costs.gil_share
+        bounds["gil"] = 1 / max(gil, 1e-9)
+        bounds["collate"] = 1 / max(costs.collate_s, 1e-9)  # one thread collates
+    bound = min(bounds, key=bounds.get)
+    return b * bounds[bound], bound
+
+
+def headroom(costs: Costs) -> float:
+    """Workers beyond Little's law, for the spread of batch times: 10% to 50%."""
+    return min(1.5, max(1.1, 1 + 0.25 * (costs.tail - 1)))
+
+
+def depth(costs: Costs) -> int:
+    """The queue a worker keeps (``prefetch_factor``): its slow batches' time in batches."""
+    return int(min(DEEPEST, max(2, math.ceil(costs.tail))))
+
+
+def width(costs: Costs, engine: str, pipe: Pipeline) -> int:
+    """The workers that feed the step on ``engine`` (Little's law, with headroom), where the
+    cores and the GIL let the rate go, within the machine's most workers and its memory."""
+    probe = Setting(pipe.max_workers, 2, engine)
+    ceiling, _ = rate(costs, probe, pipe)  # every bound but the workers'
+    target = ceiling / max(costs.batch_size, 1e-9)  # batches a second
+    n = math.ceil(target * costs.alone_s * headroom(costs))
+    most = pipe.max_workers
+    if pipe.memory_mb is not None and engine == PROCESS and pipe.worker_mb > 0:
+        most = min(most, int(pipe.memory_mb // pipe.worker_mb))
+    return max(1, min(most, n))
+
+
+def predict(costs: Costs, pipe: Pipeline) -> Prediction:
+    """The setting predicted to train fastest, the cheapest of those within ``EQUAL`` of it:
+    no workers before threads, threads before worker processes."""
+    options = [Setting(0)]
+    for engine in pipe.engines:
+        options.append(Setting(width(costs, engine, pipe), depth(costs), engine))
+    rated = [(s, *rate(costs, s, pipe)) for s in options]
+    best = max(r for _, r, _ in rated)
+    setting, samples, bound = next(x for x in rated if x[1] >= (1 - EQUAL) * best)
+    return Prediction(setting, samples, bound, costs.measured_on, explain(costs, setting, bound))
+
+
+def explain(costs: Costs, setting: Setting, bound: str) -> str:
+    """The prediction in words: what a batch costs, and why this setting."""
+    ms = 1000
+    said = (
+        f"a batch of {costs.batch_size:.0f} takes {costs.alone_s * ms:.1f} ms in a worker"
+        f" ({costs.worker_cpu_s * ms:.1f} ms on a core), the step {costs.step_s * ms:.1f} ms"
+    )
+    if not setting.num_workers:
+        return f"{said}: the main process alone keeps up"
+    held = {
+        "step": "the step",
+        "workers": "the workers",
+        "cores": "the cores",
+        "gil": "the GIL",
+        "collate": "the collating thread",
+    }[bound]
+    return f"{said}: {setting.describe()} feeds it, held by {held}"

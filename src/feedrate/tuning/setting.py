@@ -1,0 +1,48 @@
+"""One loader setting: what both tuners turn (docs/design.md, "The tuning loader")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROCESS, THREAD = "process", "thread"  # loader.engine: worker processes, or threads
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One loader setting: the DataLoader's own arguments that the tuner turns, and whether
+    its workers are processes or threads of the training process (``loader.engine``)."""
+
+    num_workers: int
+    prefetch_factor: int | None = None  # None: PyTorch's 2 (and none without workers)
+    engine: str = PROCESS
+
+    def __post_init__(self) -> None:
+        """One way to say each setting: no prefetch without workers, 2 for PyTorch's default,
+        and no thread workers without workers."""
+        depth = None if not self.num_workers else (self.prefetch_factor or 2)
+        object.__setattr__(self, "prefetch_factor", depth)
+        if not self.num_workers:
+            object.__setattr__(self, "engine", PROCESS)
+        elif self.engine not in (PROCESS, THREAD):
+            raise ValueError(f"engine={self.engine!r}: {PROCESS!r} or {THREAD!r}")
+
+    @property
+    def depth(self) -> int:
+        return self.prefetch_factor or 2
+
+    @property
+    def threads(self) -> bool:
+        return self.engine == THREAD
+
+    def describe(self) -> str:
+        if not self.num_workers:
+            return "num_workers=0"
+        on = ", engine=thread" if self.threads else ""
+        return f"num_workers={self.num_workers}, prefetch_factor={self.depth}{on}"
+
+    def as_dict(self) -> dict:
+        return {
+            "num_workers": self.num_workers,
+            "prefetch_factor": self.prefetch_factor,
+            "engine": self.engine,
+        }
