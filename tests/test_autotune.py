@@ -99,6 +99,15 @@ def test_the_loop_trains_every_sample_once_an_epoch_while_the_loader_switches(
     tried = _tried(metrics)
     assert tried[0] == 0 and len(set(tried)) >= 2 and max(tried) > 0, tried
     assert metrics["autotune"]["samples_while_tuning"] > 0
+    predictions, start = metrics["autotune"]["predictions"], metrics["autotune"]["tried"][0]
+    if kind == "map":  # predicted from what the start's batches cost, each beside its figure
+        assert start["costs"]["worker_s"] >= 0.002 * BATCH and predictions
+        assert predictions[0]["from"] == start["setting"]
+        assert {"predicted_samples_per_sec", "measured_samples_per_sec", "error"} <= set(
+            predictions[0]
+        )
+    else:  # a stream reads inside its own iterator: climbed on its figures alone
+        assert start["costs"] is None and not predictions
 
 
 def test_on_thread_workers_it_trains_every_sample_once_and_writes_a_thread_preset(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from feedrate.tuning.setting import PROCESS, Setting
+from feedrate.tuning.setting import PROCESS, THREAD, Setting
 
 DEEPEST = 8  # the deepest queue a worker gets (prefetch_factor)
 HANDOFF_S = 50e-6  # a batch's hand-off from a worker process, before its bytes: pickling, a queue
@@ -152,7 +152,7 @@ def predict(costs: Costs, pipe: Pipeline) -> Prediction:
     """The setting predicted to train fastest, the cheapest of those within ``EQUAL`` of it:
     no workers before threads, threads before worker processes."""
     options = [Setting(0)]
-    for engine in pipe.engines:
+    for engine in sorted(pipe.engines, key=lambda e: e != THREAD):  # the cheaper first
         options.append(Setting(width(costs, engine, pipe), depth(costs), engine))
     rated = [(s, *rate(costs, s, pipe)) for s in options]
     best = max(r for _, r, _ in rated)

@@ -1,0 +1,300 @@
+"""The model of the input pipeline, on simulated costs, and the costs real loaders report:
+the climb predicts from one window, verifies in a few, and lands where a grid would."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+import feedrate
+from feedrate.costs import Costed, CostedCollate, TimedReads, split
+from feedrate.tuning.model import Costs, Pipeline, depth, predict, rate
+from feedrate.tuning.policy import Climb, Figure, Machine, Setting
+
+BOTH = ("process", "thread")
+
+
+def costs(
+    wait_ms: float,
+    cpu_ms: float,
+    step_ms: float,
+    step_cpu_ms: float | None = None,
+    batch: int = 32,
+    tail: float = 1.2,
+    on: Setting = Setting(2),
+    **more,
+) -> Costs:
+    """A window's costs of a batch whose samples each wait ``wait_ms`` and burn ``cpu_ms``."""
+    b = batch / 1000
+    return Costs(
+        batch_size=batch,
+        worker_s=b * (wait_ms + cpu_ms),
+        worker_cpu_s=b * cpu_ms,
+        queued_s=0.0,
+        collate_s=b * 0.01,
+        tail=tail,
+        step_s=step_ms / 1000,
+        step_cpu_s=(step_ms if step_cpu_ms is None else step_cpu_ms) / 1000,
+        handoff_s=0.0,
+        nbytes=batch * 4096,
+        measured_on=on,
+        **more,
+    )
+
+
+def test_littles_law_sizes_the_workers_of_latency_bound_data():
+    """Reads that wait 12 ms for a step that takes 2,000 samples/s: the step needs
+    2,000 x 12 ms = 24 workers busy at once, and a little more for the spread."""
+    latency = costs(wait_ms=12, cpu_ms=0.2, step_ms=16)  # 32 samples in 16 ms: 2,000/s
+    made = predict(latency, Pipeline(cores=2, max_workers=64))
+    needed = 2000 * 0.0122
+    assert needed < made.setting.num_workers <= math.ceil(1.5 * needed)
+    assert made.bound == "step" and made.samples_per_sec == pytest.approx(2000, rel=0.01)
+    # the same on a machine allowed 16 workers: all of them, held by the workers
+    capped = predict(latency, Pipeline(cores=2, max_workers=16))
+    assert capped.setting.num_workers == 16 and capped.bound == "workers"
+
+
+def test_cpu_bound_data_gets_the_workers_the_cores_can_run():
+    """5 ms of CPU a sample and a step of 2 ms a batch on 2 cores: no more than 2 cores'
+    worth of samples, whatever the workers; more workers than that only compete."""
+    cpu = costs(wait_ms=0.1, cpu_ms=5, step_ms=2)
+    made = predict(cpu, Pipeline(cores=2, max_workers=64))
+    cap = 2 / (0.160 + 0.002) * 32
+    assert made.bound == "cores" and made.samples_per_sec == pytest.approx(cap, rel=0.02)
+    assert made.setting.num_workers <= 4
+
+
+def test_data_in_memory_is_read_by_the_main_process_alone():
+    """A sample read in microseconds costs less than its hand-off from a worker process: the
+    main process alone keeps up, and no worker starts (a sweep found it 1.7x faster)."""
+    memory = costs(wait_ms=0.0, cpu_ms=0.002, step_ms=3, on=Setting(2))
+    memory = Costs(**{**memory.__dict__, "nbytes": 32 * 150_000})  # 150 kB a sample
+    made = predict(memory, Pipeline(cores=2, max_workers=64))
+    assert made.setting == Setting(0)
+    assert "the main process alone keeps up" in made.why
+
+
+@pytest.mark.parametrize(
+    "wait_ms, cpu_ms, engine",
+    [(20.0, 0.1, "thread"), (0.2, 3.0, "process")],
+    ids=["waiting-reads-threads", "gil-bound-processes"],
+)
+def test_the_engine_follows_what_a_read_spends_its_time_on(wait_ms, cpu_ms, engine):
+    """Reads that wait hold no GIL: threads feed the step as processes would, without a
+    process each. Reads that burn Python CPU are done one thread at a time."""
+    made = predict(costs(wait_ms, cpu_ms, step_ms=8), Pipeline(2, 64, BOTH))
+    assert made.setting.engine == engine
+
+
+def test_threads_measured_using_several_cores_release_the_gil():
+    """A window on threads whose workers used 3 cores together: their CPU is mostly C code
+    that releases the GIL (a decoder), and threads are rated by the cores, not the GIL."""
+    on_threads = costs(0.2, 3.0, 8, on=Setting(8, engine="thread"), workers_cores=3.0)
+    as_python = costs(0.2, 3.0, 8, on=Setting(8, engine="thread"), workers_cores=0.9)
+    pipe = Pipeline(8, 64, BOTH)
+    threads = Setting(32, 2, "thread")
+    assert rate(on_threads, threads, pipe)[0] > 2.5 * rate(as_python, threads, pipe)[0]
+    assert rate(as_python, threads, pipe)[1] == "gil"
+
+
+@pytest.mark.parametrize("tail, expected", [(1.1, 2), (3.4, 4), (30.0, 8)])
+def test_the_queue_is_as_deep_as_the_slowest_batches_are_long(tail, expected):
+    assert depth(costs(10, 0.1, 5, tail=tail)) == expected
+
+
+def test_a_device_step_is_its_wall_time_and_only_its_host_side_competes():
+    """On a GPU the step's time is the device's (20 ms a batch), its host side 1 ms of CPU:
+    the workers are sized for the device's rate, and their CPU competes with 1 ms, not 20
+    (on 8 cores, workers that burn 4.5 ms a sample then fit beside it; a 20 ms CPU step not)."""
+    device = costs(wait_ms=0.5, cpu_ms=4.5, step_ms=20, step_cpu_ms=1.0)
+    pipe = Pipeline(cores=8, max_workers=128)
+    made = predict(device, pipe)
+    assert made.bound == "step" and made.samples_per_sec == pytest.approx(32 / 0.020, rel=0.01)
+    needed = (1 / 0.020) * 32 * 0.005
+    assert needed <= made.setting.num_workers <= 1.5 * needed
+    # the same step, were its 20 ms all CPU: the cores would hold it lower
+    host = costs(wait_ms=0.5, cpu_ms=4.5, step_ms=20, step_cpu_ms=20)
+    assert rate(host, made.setting, pipe)[0] < made.samples_per_sec
+
+
+# -- a climb that predicts, on simulated stores ----------------------------------------------
+
+
+@dataclass
+class Store:
+    """A simulated pipeline on ``cores`` cores: each sample waits ``wait_ms`` and burns
+    ``cpu_ms`` (under the GIL on threads), the step takes ``step_ms`` a batch of 32. Its
+    truth differs from the model's: every worker process costs 0.3% of the rate, a window
+    reads 3% either way, and the first window's step is 40% slower (a cold start)."""
+
+    wait_ms: float
+    cpu_ms: float
+    step_ms: float
+    cores: float = 2.0
+    batch: int = 32
+    measured: int = 0
+
+    def truth(self, s: Setting) -> float:
+        b, wait, cpu, step = self.batch, self.wait_ms / 1e3, self.cpu_ms / 1e3, self.step_ms / 1e3
+        if not s.num_workers:
+            return b / (step + b * (wait + cpu))
+        supply = s.num_workers / (b * (wait + cpu))
+        handoff = 0.0 if s.threads else 0.0002
+        cap = self.cores / (b * cpu + step + handoff)
+        if s.threads:
+            cap = min(cap, 1 / (b * cpu))
+        slower = 1 - (0.003 * s.num_workers if not s.threads else 0.0)
+        return b * min(supply, cap, 1 / (step + handoff)) * slower
+
+    def measure(self, s: Setting) -> Figure:
+        self.measured += 1
+        noise = 1 + 0.03 * math.sin(7 * self.measured)
+        got = self.truth(s) * noise
+        cold = 1.4 if self.measured == 1 else 1.0
+        b = self.batch
+        step_s = self.step_ms / 1e3 * cold
+        busy = min(1.0, got / b * (b * self.cpu_ms / 1e3 + step_s) / self.cores)
+        wait = max(0.0, 1 - got / b * step_s)
+        over = max(0.0, busy * (s.num_workers + 1) / self.cores - 1)  # run-queue waits
+        seen = Costs(
+            batch_size=b,
+            worker_s=b * (self.wait_ms + self.cpu_ms * (1 + over)) / 1e3,
+            worker_cpu_s=b * self.cpu_ms / 1e3,
+            queued_s=b * self.cpu_ms * over / 1e3,
+            collate_s=b * 1e-5,
+            tail=1.3,
+            step_s=step_s,
+            step_cpu_s=step_s,
+            handoff_s=0.0002 if s.num_workers and not s.threads else 0.0,
+            nbytes=b * 4096,
+            workers_cores=min(1.0, busy * self.cores) if s.threads else busy * self.cores,
+            measured_on=s,
+        )
+        startup = 0.3 + (0.0 if s.threads else 0.03 * s.num_workers)
+        return Figure(s, got, wait, busy, startup + 2 * 2.0, startup, costs=seen)
+
+
+STORES = {
+    "object-store": Store(wait_ms=12, cpu_ms=0.3, step_ms=10),
+    "decode": Store(wait_ms=0.2, cpu_ms=3.0, step_ms=12),
+    "in-memory": Store(wait_ms=0.0, cpu_ms=0.01, step_ms=4),
+    "cache-and-parse": Store(wait_ms=3, cpu_ms=1.0, step_ms=6),
+    "slow-step": Store(wait_ms=30, cpu_ms=0.1, step_ms=80),
+}
+
+
+@pytest.mark.parametrize("name", list(STORES))
+def test_the_climb_predicts_then_verifies_and_lands_near_the_grids_best(name):
+    """From the start's one window the model predicts; a few windows verify it: the choice
+    trains at least 0.95x the best of a grid over workers, depths and engines, having
+    measured at most 4 settings, the start among them."""
+    store = STORES[name]
+    climb = Climb(Setting(2), Machine(2.0, 64, BOTH), window_s=2.0)
+    figures = [store.measure(Setting(2))]
+    while (nxt := climb.next(figures, 60.0)) is not None:
+        figures.append(store.measure(nxt))
+    choice = climb.choose(figures)
+    grid = [
+        Setting(n, d, e)
+        for n in (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
+        for d in (2, 4, 8)
+        for e in BOTH
+    ]
+    best = max(store.truth(s) for s in grid)
+    assert store.truth(choice.setting) >= 0.95 * best, (choice, [f.setting for f in figures])
+    assert len(figures) <= 4  # the start, and at most three windows more
+    assert climb.predictions and climb.predictions[0][0] == 1  # predicted from the first window
+
+
+def test_each_prediction_is_reported_beside_what_it_measured():
+    store = STORES["object-store"]
+    climb = Climb(Setting(2), Machine(2.0, 64, BOTH), window_s=2.0)
+    figures = [store.measure(Setting(2))]
+    while (nxt := climb.next(figures, 60.0)) is not None:
+        figures.append(store.measure(nxt))
+    first = climb.prediction_report(figures)[0]
+    measured = next(f.samples_per_sec for f in figures if f.setting.as_dict() == first["setting"])
+    assert first["from"] == Setting(2).as_dict()
+    assert first["measured_samples_per_sec"] == pytest.approx(measured, abs=0.1)
+    expected = measured / first["predicted_samples_per_sec"] - 1
+    assert first["error"] == pytest.approx(expected, abs=1e-3)
+
+
+def test_without_costs_the_figures_lead_as_before():
+    """A loader that does not say what its batches cost (a stream, a loader of the user's
+    own) is climbed on its figures alone."""
+    climb = Climb(Setting(4), Machine(2.0, 64), window_s=1.0)
+    first = Figure(Setting(4), 200.0, 0.95, 0.1, 3.0, startup_s=1.0)
+    assert climb.next([first], seconds_left=60.0) == Setting(16)
+    assert not climb.predictions
+
+
+# -- what real loaders report ---------------------------------------------------------------
+
+
+class Slow(Dataset):
+    """Each read waits ``wait_ms`` (off the CPU) and burns ``cpu_ms`` of this thread's CPU."""
+
+    def __init__(self, n: int = 64, wait_ms: float = 4.0, cpu_ms: float = 1.0) -> None:
+        self.n, self.wait_s, self.cpu_s = n, wait_ms / 1e3, cpu_ms / 1e3
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.wait_s)
+        end = time.thread_time() + self.cpu_s
+        while time.thread_time() < end:
+            pass
+        return torch.full((16,), float(i))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_batch_carries_its_reads_and_collates_cost_and_the_loop_sees_the_batch(workers):
+    loader = torch.utils.data.DataLoader(
+        TimedReads(Slow()),
+        batch_size=8,
+        num_workers=workers,
+        collate_fn=CostedCollate(torch.utils.data.default_collate),
+    )
+    seen = []
+    for item in loader:
+        assert isinstance(item, Costed)
+        batch, cost = split(item)
+        seen += batch[:, 0].int().tolist()
+        assert cost.samples == 8 and cost.nbytes == 8 * 16 * 4
+        assert cost.read_s >= 8 * 0.005 * 0.95  # 4 ms waiting and 1 ms of CPU, 8 times
+        assert 8 * 0.001 * 0.9 <= cost.read_cpu_s < cost.read_s
+        assert cost.read_queued_s >= 0 and cost.collate_s >= cost.collate_cpu_s * 0.5
+    assert sorted(seen) == list(range(64))
+    plain = torch.ones(2)
+    assert split(plain)[0] is plain and split(plain)[1] is None  # a loader without costs
+
+
+def test_the_tuning_loader_measures_costs_on_both_engines_and_predicts(caplog):
+    """A real search on processes and threads: each setting's figure holds what a batch cost
+    its worker, the loop gets plain batches, every sample once, and the predictions are in
+    the report beside what they measured."""
+    loader = feedrate.autotune_loader(
+        Slow(n=480, wait_ms=3.0, cpu_ms=0.2), batch_size=8, budget_s=6.0, num_workers=1
+    )
+    seen = []
+    with caplog.at_level("INFO", logger="feedrate.tuning"):
+        for _ in range(3):
+            for batch in loader:
+                assert isinstance(batch, torch.Tensor)
+                seen += batch[:, 0].int().tolist()
+    loader.close()
+    assert sorted(seen) == sorted(list(range(480)) * 3)
+    report = loader.report()
+    measured = [f for f in report["tried"] if f["costs"] is not None]
+    assert measured, report["tried"]
+    first = measured[0]["costs"]
+    assert first["worker_s"] >= 8 * 0.003 and first["batch_size"] == pytest.approx(8)
+    assert report["predictions"] and "autotune_loader predicts" in caplog.text
