@@ -26,7 +26,7 @@ def costs(
     step_cpu_ms: float | None = None,
     batch: int = 32,
     tail: float = 1.2,
-    on: Setting = Setting(2),
+    on: Setting | None = None,
     **more,
 ) -> Costs:
     """A window's costs of a batch whose samples each wait ``wait_ms`` and burn ``cpu_ms``."""
@@ -42,7 +42,7 @@ def costs(
         step_cpu_s=(step_ms if step_cpu_ms is None else step_cpu_ms) / 1000,
         handoff_s=0.0,
         nbytes=batch * 4096,
-        measured_on=on,
+        measured_on=on or Setting(2),
         **more,
     )
 
