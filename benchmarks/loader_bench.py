@@ -111,6 +111,21 @@ WORKLOADS = {
         "dataset._target_=examples.tile_server.TileServer",
         "model=tiny_cnn",
     ],
+    # Two datasets written to judge the tuners that predict from what a sample costs, and
+    # never tuned on: spoken-word clips from a blob store (9 ms median latency, a wide tail)
+    # turned into log-mel spectrograms in NumPy (examples/audio_store.py), and support
+    # tickets from a key-value store (5 ms, a stall one read in 50) tokenized in pure Python
+    # against a vocabulary each process builds once (examples/vocab_store.py).
+    "audio": [
+        "dataset=custom",
+        "dataset._target_=examples.audio_store.AudioClips",
+        "model=tiny_cnn",
+    ],
+    "tickets": [
+        "dataset=custom",
+        "dataset._target_=examples.vocab_store.Tickets",
+        "model=tiny_cnn",
+    ],
     # Real JPEGs read, decoded and augmented from disk.
     "photos": ["dataset=photos", "model=pooled_linear"],
     # A stream of tar shards (webdataset), decoded in the workers, training tiny_cnn.

@@ -298,3 +298,18 @@ def test_the_tuning_loader_measures_costs_on_both_engines_and_predicts(caplog):
     first = measured[0]["costs"]
     assert first["worker_s"] >= 8 * 0.003 and first["batch_size"] == pytest.approx(8)
     assert report["predictions"] and "autotune_loader predicts" in caplog.text
+
+
+def test_a_reading_thread_times_at_most_one_batch_every_20_ms():
+    """Batches read from memory in microseconds: a few are timed, the rest go as they are,
+    so that reporting costs a bounded share of a core however fast the batches come."""
+    data = torch.arange(4096).view(-1, 1)
+    loader = torch.utils.data.DataLoader(
+        TimedReads(data), batch_size=4, collate_fn=CostedCollate(torch.utils.data.default_collate)
+    )
+    began = time.perf_counter()
+    items = list(loader)
+    seconds = time.perf_counter() - began
+    timed = [i for i in items if isinstance(i, Costed)]
+    assert 1 <= len(timed) <= seconds / 0.02 + 1 < len(items)
+    assert sorted(int(x) for i in items for x in split(i)[0].flatten()) == list(range(4096))

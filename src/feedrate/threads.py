@@ -23,7 +23,7 @@ from typing import Any
 import torchdata.nodes as tn
 from torch.utils.data import BatchSampler, Dataset, Sampler, Subset
 
-from feedrate.costs import CostedCollate, Reads, thread_clock
+from feedrate.costs import CostedCollate, Reads, due, reader_clock
 from feedrate.errors import ConfigError
 from feedrate.stream import is_stream
 
@@ -129,14 +129,16 @@ class _Batches(Iterator[Any]):
             if worker_id() is None:
                 _current.id = next(ids)  # each thread of this pool: its id, on its first batch
                 pool.append(threading.current_thread())
-            before = thread_clock() if timed else None
-            samples = Reads() if timed else []
+            timing = timed and due()
+            samples = Reads() if timing else []
+            if timing:
+                samples.began = reader_clock()
             for i in indices:
                 if stop.is_set():  # ended: nobody takes this batch, its other reads are left
                     return None
                 samples.append(dataset[i])
-            if before is not None:
-                samples.read = tuple(b - a for a, b in zip(before, thread_clock(), strict=True))
+            if timing:
+                samples.ended = reader_clock(queued=False)
             return samples
 
         def collate(samples: list[Any] | None) -> Any:

@@ -44,6 +44,7 @@ class Costs:
     handoff_s: float  # a batch's time inside ``__next__`` when one is ready (0: not measured)
     nbytes: float  # a batch's bytes
     workers_cores: float = 0.0  # cores the workers used together over the window
+    step_queued_s: float = 0.0  # of ``step_s``, the loop's thread waiting for a core
     measured_on: Setting | None = None
     batches: int = 0  # batches reported in the window
 
@@ -57,6 +58,12 @@ class Costs:
     def alone_s(self) -> float:
         """A batch's time in a worker with a core of its own."""
         return self.blocked_s + self.worker_cpu_s
+
+    @property
+    def step_alone_s(self) -> float:
+        """The step's time a batch with the cores to itself: the workers' competition is the
+        CPU cap's to count, not the step's."""
+        return max(0.0, self.step_s - self.step_queued_s)
 
     @property
     def gil_share(self) -> float:
@@ -108,12 +115,12 @@ def rate(costs: Costs, setting: Setting, pipe: Pipeline) -> tuple[float, str]:
     """The samples a second ``setting`` is predicted to train at, and what bounds it."""
     b = max(costs.batch_size, 1e-9)
     if not setting.num_workers:  # the main process reads, collates and steps in turn
-        per_batch = costs.step_s + costs.alone_s
+        per_batch = costs.step_alone_s + costs.alone_s
         return b / max(per_batch, 1e-9), "step"
     take = handoff_s(costs, setting)
     step_cpu = costs.step_cpu_s + take
     bounds = {
-        "step": 1 / max(costs.step_s + take, 1e-9),
+        "step": 1 / max(costs.step_alone_s + take, 1e-9),
         "workers": setting.num_workers / max(costs.alone_s, 1e-9),
         "cores": pipe.cores / max(costs.worker_cpu_s + step_cpu, 1e-9),
     }
@@ -165,7 +172,7 @@ def explain(costs: Costs, setting: Setting, bound: str) -> str:
     ms = 1000
     said = (
         f"a batch of {costs.batch_size:.0f} takes {costs.alone_s * ms:.1f} ms in a worker"
-        f" ({costs.worker_cpu_s * ms:.1f} ms on a core), the step {costs.step_s * ms:.1f} ms"
+        f" ({costs.worker_cpu_s * ms:.1f} ms on a core), the step {costs.step_alone_s * ms:.1f} ms"
     )
     if not setting.num_workers:
         return f"{said}: the main process alone keeps up"

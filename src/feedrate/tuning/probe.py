@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from feedrate.costs import BatchCost
+from feedrate.costs import BatchCost, thread_clock
 from feedrate.tuning.model import Costs
 from feedrate.tuning.policy import Figure, Setting
 
@@ -54,6 +54,7 @@ class _Spent:
     nbytes: int = 0
     waits: list[float] = field(default_factory=list)  # each batch's wait inside __next__
     main_cpu_s: float = 0.0  # the main process's, over the window
+    main_queued_s: float = 0.0  # the loop's thread, ready to run but waiting for a core
 
     def add(self, cost: BatchCost, waited: float) -> None:
         self.worker_s.append(cost.read_s + cost.collate_s)
@@ -82,11 +83,13 @@ class Probe:
         clock: Callable[[], float],
         cpu: Callable[[], tuple[float, float]] | None = None,
         main_cpu: Callable[[], float] | None = time.process_time,
+        loop_clock: Callable[[], tuple[float, float, float]] | None = thread_clock,
     ) -> None:
         self.setting, self.window_s, self.best = setting, window_s, best
-        self.clock, self.cpu, self.main_cpu = clock, cpu, main_cpu
+        self.clock, self.cpu, self.main_cpu, self.loop_clock = clock, cpu, main_cpu, loop_clock
         self.spent = _Spent()  # what the window's batches cost (loaders built with costs)
         self.main_cpu_at: float | None = None
+        self.loop_queued_at: float | None = None
         self.began = clock()
         self.startup_s: float | None = None  # building its loader to its first batch
         self.warm_from: float | None = None  # the first batch of this loader
@@ -133,6 +136,7 @@ class Probe:
             self.window_from = now
             self.cpu_at = self.cpu() if self.cpu is not None else None
             self.main_cpu_at = self.main_cpu() if self.main_cpu is not None else None
+            self.loop_queued_at = self.loop_clock()[2] if self.loop_clock is not None else None
 
     def _slower(self, t: _Tally) -> bool:
         """Shown slower than the best: below ``LEAVE_BELOW`` of it, with the consumer held
@@ -189,6 +193,9 @@ class Probe:
         if self.main_cpu is not None and self.main_cpu_at is not None:
             self.spent.main_cpu_s += self.main_cpu() - self.main_cpu_at
             self.main_cpu_at = None
+        if self.loop_clock is not None and self.loop_queued_at is not None:
+            self.spent.main_queued_s += self.loop_clock()[2] - self.loop_queued_at
+            self.loop_queued_at = None
         if self.cpu is not None and self.cpu_at is not None:
             busy, total = (b - a for a, b in zip(self.cpu_at, self.cpu(), strict=True))
             self.cpu_busy = max(self.cpu_busy, busy / total if total > 0 else 0.0)
@@ -238,6 +245,7 @@ class Probe:
             tail=_quantile(spent.worker_s, 0.95) / mean if mean > 0 else 1.0,
             step_s=max(0.0, t.seconds - t.waited) / t.batches,
             step_cpu_s=max(0.0, main_cpu) / t.batches,
+            step_queued_s=min(spent.main_queued_s, max(0.0, t.seconds - t.waited)) / t.batches,
             handoff_s=_quantile(spent.waits, 0.25) if workers and not starved else 0.0,
             nbytes=spent.nbytes / n,
             workers_cores=spent.worker_cpu_s / t.seconds,
