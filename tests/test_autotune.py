@@ -324,6 +324,50 @@ def test_the_preset_it_writes_is_checked_not_searched_by_the_next_run(
     assert "loader=auto picked loader=at_test" in caplog.text
 
 
+def test_auto_with_no_preset_measured_here_tunes_in_the_run_and_the_next_run_picks_it(
+    tmp_path, monkeypatch, short_windows, caplog
+):
+    """Zero configuration: the first loader=auto run on a machine and workload has no preset
+    measured there, so it tunes as it trains (one line says so) and writes its choice; the
+    next loader=auto run picks that preset and tunes nothing."""
+    conf = _own_conf(tmp_path, monkeypatch)
+    first = [
+        *_counting("map", "loader=auto", "trainer.epochs=3"),
+        "trainer.autotune.max_workers=8",
+        "trainer.autotune.budget_s=600",
+        "trainer.autotune.preset_name=first_auto",
+    ]
+    with caplog.at_level(logging.INFO, logger="feedrate"):
+        metrics = feedrate.run(feedrate.compose(first, config_dir=conf), tmp_path / "a")
+    assert "so this run tunes its loader as it trains (loader=autotune), from loader=" in (
+        caplog.text
+    )
+    report = metrics["autotune"]
+    assert report["chosen"]["num_workers"] > 0 and report["preset"]
+    assert (conf / "loader" / "first_auto.yaml").exists() and _each_once(tmp_path, 3)
+    caplog.clear()
+    start = ("loader.num_workers", "loader.prefetch_factor", "loader.persistent_workers")
+    then = [o.replace("trainer.epochs=3", "trainer.epochs=1") for o in first]
+    then = [o for o in then if not o.startswith(start)]  # the preset's own, not the start's
+    with caplog.at_level(logging.INFO, logger="feedrate"):
+        again = feedrate.run(feedrate.compose(then, config_dir=conf), tmp_path / "b")
+    assert "loader=auto picked loader=first_auto: measured on this machine" in caplog.text
+    assert (
+        "autotune" not in again
+        and again["run"]["loader"]["num_workers"] == (report["chosen"]["num_workers"])
+    )
+
+
+def test_auto_on_a_stream_without_epochs_runs_its_pick_untuned(compose):
+    """trainer.stream=true cannot tune as it trains: loader=auto runs the preset it picks."""
+    from feedrate import provenance
+
+    cfg = compose("loader=auto", "trainer.stream=true")
+    assert not provenance.can_tune(cfg)
+    assert provenance.can_tune(compose("loader=auto"))
+    assert not provenance.can_tune(compose("loader=auto", "trainer.autotune.budget_s=0"))
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [

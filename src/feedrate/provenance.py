@@ -362,6 +362,14 @@ def pick(
 ) -> tuple[str, str]:
     """The preset for this machine and workload, and why: the fastest measured on both that
     fits; otherwise the closest that fits; otherwise ``recipe``."""
+    name, why, _ = _pick(directory, here, has_cuda, batch_size_asked)
+    return name, why
+
+
+def _pick(
+    directory: Dirs, here: Here, has_cuda: bool, batch_size_asked: bool
+) -> tuple[str, str, bool]:
+    """:func:`pick`, and whether the preset was measured on this machine and workload."""
     found = _candidates(directory, here, batch_size_asked)
     memory_mb = _memory_here_mb()
     fits = {c.name: does_not_fit(c.settings, c.measured_on, has_cuda, memory_mb) for c in found}
@@ -369,8 +377,10 @@ def pick(
     if best is not None:
         rate = best.measured_on.get("samples_per_sec")
         figures = f"{rate:,.0f} samples/s, " if rate else ""
-        return best.name, (
-            f"measured on this machine and workload ({figures}{best.measured_on.get('date', '?')})"
+        return (
+            best.name,
+            f"measured on this machine and workload ({figures}{best.measured_on.get('date', '?')})",
+            True,
         )
     # nearest first; at one distance, the faster
     for c in sorted(
@@ -379,13 +389,15 @@ def pick(
         if fits[c.name] is None:
             differs = ", ".join([*c.machine, *(w.split(" ", 1)[0] for w in c.workload)])
             tuned_on = describe_machine(c.measured_on["machine"])
-            return c.name, (
+            return (
+                c.name,
                 f"the closest preset that fits: tuned on {tuned_on} (differs in {differs});"
-                f" tune for this machine with {command(sweep=True)}"
+                f" tune for this machine with {command(sweep=True)}",
+                False,
             )
     refused = [f"{n}: {why}" for n, why in fits.items() if why]
     none = "no preset was measured here" + (f"; {'; '.join(refused)}" if refused else "")
-    return FALLBACK, f"{none}; tune for this machine with {command(sweep=True)}"
+    return FALLBACK, f"{none}; tune for this machine with {command(sweep=True)}", False
 
 
 def _fastest_here(found: list[_Candidate], fits: dict[str, str | None]) -> _Candidate | None:
@@ -434,11 +446,19 @@ def settle(
             )
             asked = {k for k, v in cfg.loader.items() if v != base.get(k)}
         keys = {k: cfg.loader[k] for k in asked if k in cfg.loader and k != "auto"}
-        name, why = pick(directory, here, has_cuda, "batch_size" in keys)
+        name, why, measured = _pick(directory, here, has_cuda, "batch_size" in keys)
+        tune = {} if measured or not can_tune(cfg) else {"autotune": True}
         cfg.loader = OmegaConf.merge(
-            OmegaConf.structured(LoaderConfig), preset_node(directory, name), keys
+            OmegaConf.structured(LoaderConfig), preset_node(directory, name), tune, keys
         )
         line = f"loader=auto picked loader={name}: {why}"
+        if tune:  # every first run is tuned, and its choice is the preset the next one picks
+            start = why.split("; tune for this machine")[0]
+            line = (
+                f"loader=auto: no preset was measured on this machine and workload, so this run"
+                f" tunes its loader as it trains (loader=autotune), from loader={name}"
+                f" ({start}); its choice is written as the preset the next loader=auto picks"
+            )
         if say:
             log.info(line)
         return name, line
@@ -450,6 +470,16 @@ def settle(
         if line and say:
             log.warning(line)
     return name, line
+
+
+def can_tune(cfg: DictConfig) -> bool:
+    """The run can tune its loader as it trains (``loader=autotune``): not a stream repeated
+    without epochs (``trainer.stream``), and not with the tuning switched off."""
+    trainer = cfg.get("trainer")
+    if trainer is None or trainer.get("stream"):
+        return False
+    budget = (trainer.get("autotune") or {}).get("budget_s")
+    return budget is None or budget > 0
 
 
 def preset_wait(cfg: DictConfig, here: Here) -> float | None:
