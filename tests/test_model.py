@@ -313,3 +313,24 @@ def test_a_reading_thread_times_at_most_one_batch_every_20_ms():
     timed = [i for i in items if isinstance(i, Costed)]
     assert 1 <= len(timed) <= seconds / 0.02 + 1 < len(items)
     assert sorted(int(x) for i in items for x in split(i)[0].flatten()) == list(range(4096))
+
+
+def test_a_device_step_is_read_as_its_wall_time_and_its_host_cpu_apart():
+    """A simulated device step: 10 ms a batch off the CPU (a host blocked on the device), as
+    a GPU run's loop shows it. The tuning loader's costs read the step at 10 ms a batch, and
+    the host's CPU a batch as a small part of that: the loader competes with the host only."""
+    loader = feedrate.autotune_loader(
+        Slow(n=400, wait_ms=1.0, cpu_ms=0.05),
+        batch_size=4,
+        budget_s=5.0,
+        num_workers=2,
+        engines=["process"],
+    )
+    for _ in loader:
+        time.sleep(0.010)  # the device's time: the host waits, holding no core
+    loader.close()
+    measured = [f for f in loader.figures if f.costs is not None]
+    assert measured, loader.report()["tried"]
+    costs = measured[0].costs
+    assert 0.009 <= costs.step_s <= 0.030
+    assert costs.step_cpu_s < 0.5 * costs.step_s
