@@ -27,6 +27,7 @@ WAIT_HIGH = 0.10  # above: the consumer waits for data (input-bound)
 BUSY = 0.90  # of the cores: no room for more workers doing CPU work
 PER_WORKER_S = 0.02  # start-up a worker adds, at least (a fork, and its first batch queued)
 CLOSE = 1.2  # workers this close (as a ratio) are one setting to a single window
+STILL_WAITS = 0.05  # of its window: a loop that waited this much might take more workers
 
 
 def worker_bound(cores: float) -> int:
@@ -207,9 +208,11 @@ class Climb:
     def _verify(self, best: Figure, figures: list[Figure], costs: Costs) -> list[Setting]:
         """The prediction first, predicted again from the latest costs (a prediction measured
         has costs of its own, at the load it puts on the cores), at most three, each measured
-        unless a setting within ``CLOSE`` of it was; then the best setting's neighbours where
-        the model leaves a doubt: wider where its workers hold it and the loop still waits,
-        and the other engine and no workers where the model rates them near it."""
+        unless a setting within ``CLOSE`` of it was; then the best setting's neighbours, one
+        on each side its figures leave open: wider where the loop still waits (a cap on the
+        cores is a prediction too: more workers beside a busy step were faster than the model
+        said on held-out data), else narrower where the cores are busy (workers compete with
+        the step); the other engine and no workers where the model rates them near it."""
         moves = []
         if len(self.predictions) < 3:
             predicted = self._predicted(figures, costs).setting
@@ -218,14 +221,13 @@ class Climb:
         here, pipe = best.setting, self.pipeline
         near = (1 - 2 * EQUIVALENCE) * best.samples_per_sec
         if here.num_workers:
-            held = rate(costs, here, pipe)[1] == "workers"
-            if (
-                held
-                and best.data_wait_frac >= self.wait_high
-                and here.num_workers < pipe.max_workers
-            ):
-                wider = min(pipe.max_workers, math.ceil(here.num_workers * 1.5))
-                moves.append(replace(here, num_workers=wider))
+            n, side = here.num_workers, None
+            if best.data_wait_frac >= STILL_WAITS and n < pipe.max_workers:
+                side = replace(here, num_workers=min(pipe.max_workers, math.ceil(n * 1.5)))
+            elif best.cpu_busy_frac >= BUSY and n >= 2:
+                side = replace(here, num_workers=max(1, math.floor(n / 1.5)))
+            if side is not None and not self._close_to_tried(side, figures):
+                moves.append(side)
             moves += [s for s in self._other_engine(here) if rate(costs, s, pipe)[0] >= near]
             if rate(costs, Setting(0), pipe)[0] >= near:
                 moves.append(Setting(0))
