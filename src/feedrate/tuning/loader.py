@@ -15,6 +15,7 @@ it mid-epoch, as torchdata's ``StatefulDataLoader`` does.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -177,7 +178,8 @@ class TuningLoader(Saved):
         workers = cores_start(cores) if num_workers is None else num_workers
         start = Setting(workers, prefetch_factor if workers else None, engine)
         searched = searched_engines(dataset, start, engines, worker_init_fn)
-        self.preset, start, recorded = preset_start(preset, start, searched, self._workload)
+        workload = functools.partial(_workload, dataset, batch_size, self.ranks)
+        self.preset, start, recorded = preset_start(preset, start, searched, workload)
         machine = Machine(cores, cap, searched)
         self.climb = Climb(
             start, machine, window_s=self.window_s, recorded=recorded, predicts=predicts
@@ -477,13 +479,7 @@ class TuningLoader(Saved):
         left = self.budget_s - self._spent_now()
         made = len(self.climb.predictions)
         nxt = self.climb.next(self.figures, left) if self.ranks.is_main else None
-        for _, prediction in self.climb.predictions[made:]:
-            log.info(
-                "autotune_loader predicts %s: %s samples/s (%s)",
-                prediction.setting.describe(),
-                f"{prediction.samples_per_sec:,.1f}",
-                prediction.why,
-            )
+        _say_predictions(self.climb.predictions[made:])
         decision = self.ranks.share(None if nxt is None else nxt.as_dict())
         if decision is not None:
             self.current = Setting(**decision)
@@ -513,21 +509,33 @@ class TuningLoader(Saved):
             return len(self._plan.batches[self._pos])
         return batch_len(batch) or self.batch_size
 
-    def _workload(self) -> dict:
-        """What a preset records of the data it was measured on."""
-        kind = type(self.dataset)
-        try:
-            length = len(self.dataset)
-        except TypeError:
-            length = None
-        return {
-            "dataset": {"target": f"{kind.__module__}.{kind.__qualname__}", "length": length},
-            "batch_size": self.batch_size,
-            "ranks_per_node": self.ranks.local_world_size,
-        }
-
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+def _workload(dataset: Dataset, batch_size: int, ranks: Ranks) -> dict:
+    """What a preset records of the data it was measured on."""
+    kind = type(dataset)
+    try:
+        length = len(dataset)
+    except TypeError:
+        length = None
+    return {
+        "dataset": {"target": f"{kind.__module__}.{kind.__qualname__}", "length": length},
+        "batch_size": batch_size,
+        "ranks_per_node": ranks.local_world_size,
+    }
+
+
+def _say_predictions(made: list) -> None:
+    """The log's line for each new prediction of the model (metrics.json holds them all)."""
+    for _, prediction in made:
+        log.info(
+            "autotune_loader predicts %s: %s samples/s (%s)",
+            prediction.setting.describe(),
+            f"{prediction.samples_per_sec:,.1f}",
+            prediction.why,
+        )
 
 
 def cores_start(cores: float) -> int:
