@@ -122,7 +122,7 @@ def timed_reads(read_batch, indices) -> list:
         return read_batch(indices)
     began = reader_clock()
     samples = Reads(read_batch(indices))
-    samples.began, samples.ended = began, reader_clock(queued=False)
+    samples.began, samples.ended = began, reader_clock()
     return samples
 
 
@@ -155,11 +155,13 @@ class CostedCollate:
     def __call__(self, samples: list) -> Any:
         if not isinstance(samples, Reads) or samples.began is None:
             return self.collate(samples)
-        began, start = samples.began, samples.ended
+        # the reads' clocks are the reading thread's; on thread workers another thread
+        # collates, so the collate is timed on its own clocks
+        began, ended = samples.began, samples.ended
+        start = reader_clock(queued=False)
         batch = self.collate(list(samples))
-        end = reader_clock()
-        # the wait for a core over the reads and the collate, counted with the reads
-        read = (start[0] - began[0], start[1] - began[1], end[2] - began[2])
+        end = reader_clock(queued=False)
+        read = tuple(e - b for b, e in zip(began, ended))  # noqa: B905
         took = (end[0] - start[0], end[1] - start[1])
         return Costed(batch, BatchCost(len(samples), *read, *took, nbytes(batch)))
 

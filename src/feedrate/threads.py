@@ -138,7 +138,7 @@ class _Batches(Iterator[Any]):
                     return None
                 samples.append(dataset[i])
             if timing:
-                samples.ended = reader_clock(queued=False)
+                samples.ended = reader_clock()
             return samples
 
         def collate(samples: list[Any] | None) -> Any:
