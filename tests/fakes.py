@@ -99,6 +99,34 @@ def _environment() -> dict:
     return environment.describe(dataclasses.asdict(hardware.detect()))
 
 
+def _costs(cfg: DictConfig, loader: dict, workers: int, latency_s: float) -> dict | None:
+    """What a batch costs in the simulation (trainer.costs): a worker waits the dataset's
+    latency a sample and decodes for ``DECODE_S`` on a core, the step takes ``COMPUTE_S`` a
+    sample; its contention past a few workers a core is the model's to find out, by measuring."""
+    if not cfg.trainer.get("costs"):
+        return None
+    batch = int(loader["batch_size"])
+    engine = str(loader.get("engine") or "process")
+    return {
+        "batch_size": float(batch),
+        "worker_s": batch * latency_s,
+        "worker_cpu_s": batch * DECODE_S,
+        "queued_s": 0.0,
+        "collate_s": 0.0,
+        "tail": 1.2,
+        "step_s": batch * COMPUTE_S,
+        "step_cpu_s": batch * COMPUTE_S,
+        "handoff_s": 0.0,
+        "nbytes": 1e5 * batch,
+        "measured_on": {
+            "num_workers": workers,
+            "prefetch_factor": loader.get("prefetch_factor") if workers else None,
+            "engine": engine if workers else "process",
+        },
+        "batches": 10,
+    }
+
+
 def simulate(cfg: DictConfig, overrides: list[str], nth: int, speed: float = 1.0) -> dict:
     """The metrics.json a run of ``cfg`` would write, from :func:`loader_rate`; a jitter of
     +-0.5% that differs from trial to trial (``nth``) stands for the machine's noise."""
@@ -167,6 +195,7 @@ def simulate(cfg: DictConfig, overrides: list[str], nth: int, speed: float = 1.0
         "abandoned": None,
         "drift_warnings": 0,
         "epochs_started": 1,
+        "costs": _costs(cfg, loader, workers, latency) if measure == "train" else None,
         "run": {
             "fingerprint": _environment()["fingerprint"],
             "host": "simulated",

@@ -352,3 +352,34 @@ def test_a_cap_on_the_cores_is_verified_wider_where_the_loop_still_waits():
     narrower = Climb(Setting(4), Machine(2.0, 64), window_s=2.0)
     narrower.next([start], 60.0)
     assert narrower.next([start, busy], 60.0).num_workers < made.num_workers
+
+
+LATENT_RUN = (  # 15 ms of latency a sample, two workers: a run of a few seconds
+    "dataset.io_latency_ms=15",
+    "dataset.n_samples=2000",
+    "loader.batch_size=8",
+    "loader.num_workers=2",
+    "trainer.max_steps=30",
+    "trainer.warmup_steps=4",
+    "trainer.window_steps=4",
+)
+
+
+@pytest.mark.parametrize("engine", ["process", "thread"])
+def test_a_run_with_trainer_costs_reports_what_a_measured_batch_cost(compose, tmp_path, engine):
+    """``trainer.costs=true`` (what a sweep's trials run): metrics.json ``costs`` sums up the
+    measured batches' costs, on the setting the run's loader had. Most of a batch's time in
+    its worker is off the CPU, and the model widens past the cores. Off by default: a run's
+    batches then carry nothing."""
+    on = compose(*LATENT_RUN, f"loader.engine={engine}", "trainer.costs=true")
+    said = feedrate.run(on, output_dir=tmp_path / "on")["costs"]
+    assert said is not None, "a batch a worker reads every 20 ms at most says its cost"
+    costs = Costs.from_dict(said)
+    assert costs.measured_on == Setting(2, 2, engine)
+    assert costs.batch_size == 8 and costs.batches >= 2
+    assert costs.worker_s >= 8 * 0.015 * 0.9, "the reads' latency is the worker's time"
+    assert costs.worker_cpu_s < 0.5 * costs.worker_s, "mostly waiting, not on a core"
+    assert costs.step_s > 0 and costs.nbytes > 0
+    assert predict(costs, Pipeline(2.0, 64)).setting.num_workers > 2
+    off = compose(*LATENT_RUN, f"loader.engine={engine}")
+    assert feedrate.run(off, output_dir=tmp_path / "off")["costs"] is None

@@ -6,6 +6,7 @@ import csv
 import functools
 import importlib.metadata
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -1281,8 +1282,7 @@ def test_where_the_loader_alone_and_the_seeds_fall_no_more_workers_are_run(
     limit = json.loads((project / "multirun" / "0" / "ceilings.json").read_text())
     assert sorted(limit["loader_at"]) == ["2", "8"]
     searched = [_workers(o) for o in runner.ran if "trainer.measure" not in " ".join(o)]
-    assert 32 not in searched and "and so is the loader alone" in proc.out
-    assert "32 workers: the seeds past 2" in proc.out, "the seed is skipped, and says why"
+    assert 32 not in searched, "no search trial past where the rate fell"
     assert "Error executing job" not in proc.out, "a skip is not an error"
 
 
@@ -1293,100 +1293,92 @@ def _without_workers(overrides: list[str]) -> list[str]:
     )
 
 
-@pytest.mark.parametrize("peak", [None, 16, 4], ids=["rising", "peaks-at-16", "peaks-at-4"])
-def test_the_search_climbs_past_the_top_seed_while_it_is_the_fastest(
-    project, monkeypatch, capsys, peak
-):
-    """The seeds stop at 16 workers a core (a rank's share of the cores under
-    sweep.ranks_per_node: 16 a rank on 2 ranks of 2 cores, where a per-rank grid peaked at 32).
-    While the fastest trial has the most workers tried, the next one doubles them, its other
-    settings kept, until one reads slower; where the seeds bracket the peak, nothing is
-    added."""
+def _study_trials(out: str) -> list:
+    """The trials of the study a sweep's output names."""
+    storage = re.search(r"Storage: (\S+)", out).group(1)
+    study = optuna.load_study(study_name=_study_name(out), storage=storage)
+    return sorted(study.trials, key=lambda t: t.number)
+
+
+def _one_core_sweep(project, monkeypatch, capsys, *args, n_trials=4, **kw):
+    """A simulated sweep on one core of latency-bound data (4 ms a sample), up to 64 workers:
+    the sweep's output, the search's trials' overrides, and the study's trials."""
     monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 1.0)
-    rate = (lambda n: n) if peak is None else (lambda n: min(n, peak) / max(1, n - peak))
+    name = kw.pop("name", "model")
     proc, runner = _simulated(
         project,
         monkeypatch,
         capsys,
         *SLEEPY_SYNTHETIC,
         "sweep.max_workers=64",
-        name="climb",
-        n_trials=5,
-        speed=lambda o: rate(_workers(o) or 1),
+        *args,
+        name=name,
+        n_trials=n_trials,
+        **kw,
     )
     assert proc.returncode == 0, proc.out[-3000:]
     searched = [o for o in runner.ran if "trainer.measure" not in " ".join(o)]
-    workers = [_workers(o) for o in searched if _workers(o) is not None]  # not the baselines
-    assert workers[:3] == [1, 4, 16], "the seeds: 1, 4 and 16 times the one core"
-    climbed = "has the most workers tried yet: the next trial is it with"
-    if peak is None:
-        assert workers[3:5] == [32, 64], "twice the fastest, up to sweep.max_workers"
-        assert _without_workers(searched[3]) == _without_workers(searched[2])
-        assert _without_workers(searched[4]) == _without_workers(searched[2])
-        assert proc.out.count(climbed) == 2 and "(16 workers, samples_per_sec" in proc.out
-    elif peak == 16:
-        assert workers[3] == 32 and proc.out.count(climbed) == 1, "32 read slower: no 64"
-        assert 64 not in workers
-    else:
-        assert climbed not in proc.out
-        assert max(workers) <= 16, "the seeds past the peak bound the search"
+    searched = [o for o in searched if _workers(o) is not None]  # not the baselines
+    return proc, searched, _study_trials(proc.out)
 
 
-def _up_to_16_on_one_core(project, monkeypatch, capsys, *args, **kw):
-    """A simulated sweep of 4 trials on one core, seeds 1, 4 and 16 (the most it may run),
-    each trial as fast as its workers; the sweep's output and the search's trials."""
-    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 1.0)
-    proc, runner = _simulated(
-        project,
-        monkeypatch,
-        capsys,
-        *SLEEPY_SYNTHETIC,
-        "sweep.max_workers=16",
-        *args,
-        n_trials=4,
-        speed=lambda o: _workers(o) or 1,
-        **kw,
+def test_the_first_trial_measures_costs_and_the_next_is_the_models_prediction(
+    project, monkeypatch, capsys
+):
+    """One seed, one worker a core, whose batches say what they cost; then the model's
+    prediction from those costs, asked through Optuna with the prediction kept on the trial
+    (a resumed study climbs on from it); then its neighbours, then the sampler."""
+    from feedrate.sweep.climb import FIGURE_KEY, PREDICTED_KEY
+    from feedrate.tuning.model import Costs, Pipeline, predict
+
+    proc, searched, trials = _one_core_sweep(
+        project, monkeypatch, capsys, "sweep.engines=[process]"
     )
-    return proc, [o for o in runner.ran if "trainer.measure" not in " ".join(o)]
+    assert _workers(searched[0]) == 1, "the seed: one worker a core"
+    kept = trials[0].user_attrs[FIGURE_KEY]
+    costs = Costs.from_dict(kept["costs"])
+    assert costs.measured_on.num_workers == 1 and costs.worker_s > costs.worker_cpu_s > 0
+    expected = predict(costs, Pipeline(1.0, 64)).setting
+    assert expected.num_workers > 1, "latency-bound: the model widens past the cores"
+    assert _workers(searched[1]) == expected.num_workers, [_workers(o) for o in searched]
+    made = trials[1].user_attrs[PREDICTED_KEY]
+    assert made["setting"]["num_workers"] == expected.num_workers and made["bound"]
+    assert f"the model predicts {expected.describe()} at" in proc.out
+    assert len(re.findall(r"\] trial #\d", proc.out)) == 4, "the climb's count in n_trials"
+    report = (project / "multirun" / "0" / "sweep_report.md").read_text()
+    assert "## What the model predicted" in report
+    assert f"| trial 1 | {made['predicted_samples_per_sec']:,.1f} | measured" in report
+    assert not any(PREDICTED_KEY in t.user_attrs for t in trials[2:]), "one prediction held"
+
+
+def test_a_wider_neighbour_is_asked_where_the_loop_still_waits(project, monkeypatch, capsys):
+    """The prediction measured, its loop still waiting 5% or more: one step wider (x1.5) is
+    measured, the prediction's other settings kept. Where that reads slower (the rate falls
+    past 8 workers here), the search does not widen further."""
+    falls = lambda o: 1.0 if (_workers(o) or 1) <= 8 else 0.5  # noqa: E731
+    proc, searched, trials = _one_core_sweep(
+        project, monkeypatch, capsys, "sweep.engines=[process]", n_trials=5, speed=falls
+    )
+    predicted = _workers(searched[1])
+    assert _workers(searched[2]) == math.ceil(1.5 * predicted), [_workers(o) for o in searched]
+    assert "wider, as its loop still waits for data" in proc.out
+    assert _without_workers(searched[2]) == _without_workers(searched[1])
 
 
 @pytest.mark.parametrize("engines", ["[process,thread]", "[process]"])
-def test_once_the_width_is_settled_its_fastest_is_tried_on_threads(
-    project, monkeypatch, capsys, engines
-):
-    """The seeds' fastest (16 workers, the most the sweep may run) is the next trial on 16
-    thread workers, without the settings of worker processes; TPE alone would try threads at
-    whatever width it draws. Not where the sweep searches processes alone."""
-    proc, searched = _up_to_16_on_one_core(
+def test_threads_are_asked_where_the_model_rates_them_near(project, monkeypatch, capsys, engines):
+    """Thread workers cost the memory of one process: the model takes them where it rates
+    them within 5% of processes (a read that mostly waits), and never where the sweep
+    searches processes alone. A thread trial carries no settings of worker processes."""
+    proc, searched, _ = _one_core_sweep(
         project, monkeypatch, capsys, f"sweep.engines={engines}", name="threads"
     )
-    assert proc.returncode == 0, proc.out[-3000:]
-    said = "is tried on 16 thread workers next"
+    threads = [o for o in searched if "loader.engine=thread" in o]
     if engines == "[process]":
-        assert said not in proc.out and not any("loader.engine=thread" in o for o in searched)
+        assert not threads
         return
-    assert [_workers(o) for o in searched[:4]] == [1, 4, 16, 16] and said in proc.out
-    assert "loader.engine=thread" in searched[3] and "loader.engine=process" in searched[2]
-    assert not any(o.startswith("loader.multiprocessing_context=") for o in searched[3])
-    assert "loader.prefetch_factor=2" in searched[3]
-
-
-def _processes_over_budget_past_4(cfg) -> str | None:
-    """What the memory budget does to wide process pools (the guard's message aside)."""
-    if cfg.loader.engine.value == "process" and cfg.loader.num_workers > 4:
-        return "over budget: used 1,535 MB at peak, over the memory budget 1,164 MB"
-    return None
-
-
-def test_threads_try_the_widest_seed_that_processes_could_not_run(project, monkeypatch, capsys):
-    """The 16-worker seed measured nothing on processes (over the memory budget): the fastest
-    process trial (4 workers) is tried on 16 threads, not on 4."""
-    proc, searched = _up_to_16_on_one_core(
-        project, monkeypatch, capsys, name="budgeted", fail=_processes_over_budget_past_4
-    )
-    thread = [o for o in searched if "loader.engine=thread" in o]
-    assert thread and _workers(thread[0]) == 16, [_workers(o) for o in searched]
-    assert "on thread workers next, at 16: the widest seed, which measured nothing" in proc.out
+    assert "loader.engine=thread" in searched[1], "the prediction: as fast, on threads"
+    assert not any(o.startswith("loader.multiprocessing_context=") for o in searched[1])
 
 
 def _fails_past_two_workers(cfg) -> str | None:

@@ -350,6 +350,10 @@ class TrainerConfig:
     # Stream samples without epoch ends (a sampler that reshuffles forever): the steady state
     # the sweep compares. samples/s is then the lower of consumed and produced.
     stream: bool = False
+    # Each batch says what it cost its worker (its reads' and its collate's wall and CPU time,
+    # its bytes: feedrate.costs), and metrics.json "costs" sums up the measured ones: what the
+    # model of the pipeline predicts from. The loader sweep's trials turn it on.
+    costs: bool = False
     # The drift guard: warn once when the data-wait share of the last drift_windows windows
     # is drift_rise or more above the run's first ones (or the preset's); null: off.
     drift_rise: float | None = 0.25

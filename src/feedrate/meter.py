@@ -14,7 +14,11 @@ import torch
 
 from feedrate.checkpoint import Position
 from feedrate.config import Measure
+from feedrate.costs import BatchCost, thread_clock
 from feedrate.drift import DriftGuard
+from feedrate.tuning.model import Costs
+from feedrate.tuning.setting import Setting
+from feedrate.tuning.spent import Spent
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +172,9 @@ class Meter:
         workers: int = 0,  # the loader's: the warm-up's backlog ends once the queue runs dry
         agree: Callable[[bool], bool] = lambda mine: mine,
         agree_all: Callable[[bool], bool] = lambda mine: mine,
+        costs_of: Setting | None = None,  # the loader's setting, where its batches say costs
+        main_cpu: Callable[[], float] = time.process_time,
+        loop_clock: Callable[[], tuple[float, float, float]] = thread_clock,
     ) -> None:
         self.cfg, self.total, self.measure = cfg, total, measure
         # Under torchrun, rank 0's decision on every rank (feedrate.distributed.flag): when
@@ -225,6 +232,11 @@ class Meter:
         self._epochs = 0
         self._step = start  # the last step done
         self._measured = False  # the last step was measured
+        # what the measured steps' batches cost their workers (trainer.costs)
+        self.costs_of, self.main_cpu, self.loop_clock = costs_of, main_cpu, loop_clock
+        self.spent = Spent()
+        self._cost: BatchCost | None = None  # the batch of the step under way's
+        self._cpu_at: tuple[float, float] | None = None  # main CPU, loop queued, when measuring
 
     # -- the loop's calls ------------------------------------------------------------------
 
@@ -267,6 +279,11 @@ class Meter:
                 self.restarts.append(self._t1 - self._t_iter)
             self._first = False
 
+    def batch_cost(self, cost: BatchCost | None) -> None:
+        """What the batch that just arrived cost its worker (a loader built with costs);
+        tallied where its step is measured."""
+        self._cost = cost
+
     def step_done(
         self,
         step: int,
@@ -307,6 +324,9 @@ class Meter:
             self._open(restart)
         elif self._measured:
             self._record(step, samples)
+            if self._cost is not None and self.costs_of is not None:
+                self.spent.add(self._cost, self._t1 - self._t0)
+        self._cost = None
         return self.done
 
     def checkpoint_paused(self, step: int, extra: int = 0) -> None:
@@ -336,6 +356,7 @@ class Meter:
             self._close(now, None)
         self.monitor.end_cpu_window()
         return {
+            "costs": self._costs(),
             "times": self.times,
             "first_batch_s": self.first_batch_s,
             "epoch_restart_s": self.restarts,
@@ -353,6 +374,8 @@ class Meter:
         self.sync()
         self.monitor.start_cpu_window()  # samples memory: before the clock starts
         self._measure_start = self.clock()
+        if self.costs_of is not None:
+            self._cpu_at = (self.main_cpu(), self.loop_clock()[2])
         if self.measure is not Measure.compute:
             self._produced_at_start = self.produced()
         return self._measure_start
@@ -430,6 +453,17 @@ class Meter:
         self._window_wait = 0.0
         self._window_start = t2
 
+    def _costs(self) -> Costs | None:
+        """What a batch cost over the measured steps, where the loader said; their time
+        includes every pause a checkpoint made, so a run that saved while measuring has none."""
+        if self.costs_of is None or self._cpu_at is None or self._rewarm_until >= 0:
+            return None
+        cpu, queued = self._cpu_at
+        self.spent.main_cpu_s = self.main_cpu() - cpu
+        self.spent.main_queued_s = self.loop_clock()[2] - queued
+        t = self.times
+        return self.spent.costs(self.costs_of, t.elapsed_s, sum(t.wait_s), len(t.step_s))
+
     def _reset_loss(self) -> None:
         self._loss_sum.zero_()
         self._correct.zero_()
@@ -488,3 +522,4 @@ class TrainResult:
     drift_warnings: int = 0  # times the input pipeline fell behind (feedrate.drift)
     trained_samples: int = 0  # by this process, warm-up (and tuning) included
     train_seconds: float = 0.0  # from the first step's start to the last one's end
+    costs: Costs | None = None  # what a measured batch cost its worker (trainer.costs)

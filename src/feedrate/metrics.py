@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from typing import TYPE_CHECKING
@@ -164,6 +165,8 @@ def summarise(
         "abandoned": result.abandoned or None,
         "drift_warnings": result.drift_warnings,
         "epochs_started": result.epochs_started,
+        # what a measured batch cost its worker and the step (trainer.costs; the model's input)
+        "costs": dataclasses.asdict(result.costs) if result.costs is not None else None,
         "run": run or {},
     }
 

@@ -22,6 +22,7 @@ from feedrate import distributed
 from feedrate.batch import batch_len, to_device
 from feedrate.checkpoint import Position
 from feedrate.config import Measure
+from feedrate.costs import split
 from feedrate.drift import DriftGuard
 from feedrate.errors import ConfigError, DatasetError, Interrupted
 from feedrate.faults import LoaderFailure
@@ -31,8 +32,10 @@ from feedrate.meter import Meter, TrainResult
 from feedrate.monitor import ResourceMonitor
 from feedrate.steps import Output, Step
 from feedrate.stream import is_stream, nothing_here
+from feedrate.threads import ThreadLoader
 from feedrate.tuning import TuningLoader
 from feedrate.tuning.loader import MIN_BUDGET_S
+from feedrate.tuning.setting import PROCESS, THREAD, Setting
 
 log = logging.getLogger(__name__)
 
@@ -258,9 +261,11 @@ def _epoch_batches(
         where.samples += per_batch
         if batch is None:  # dataset.on_error=skip dropped every sample of it
             continue
+        batch, cost = split(batch)  # a loader built with costs (trainer.costs) says them
         if decode is not None:  # loader.decode=device: the input pipeline's last stage
             batch = _decoded(batch, decode)
         meter().batch_arrived()
+        meter().batch_cost(cost)
         yield to_device(batch, hw.device, hw.non_blocking)
 
 
@@ -314,6 +319,7 @@ def _meter(
     workers = getattr(loader, "num_workers", 0) or 0
     return Meter(
         cfg,
+        costs_of=_setting(loader) if cfg.get("costs") else None,
         total=total,
         start=start,
         backlog=startup_backlog(loader) if measure is not Measure.compute else 0,
@@ -336,6 +342,16 @@ def _meter(
             else {}
         ),
     )
+
+
+def _setting(loader: Any) -> Setting | None:
+    """The setting of a loader whose batches say what they cost (None: a tuning loader's
+    windows tally their own, and a stream's batches say nothing)."""
+    if isinstance(loader, TuningLoader) or is_stream(getattr(loader, "dataset", None)):
+        return None
+    engine = THREAD if isinstance(loader, ThreadLoader) else PROCESS
+    workers = getattr(loader, "num_workers", 0) or 0
+    return Setting(workers, getattr(loader, "prefetch_factor", None), engine)
 
 
 def agreed(cfg: DictConfig) -> bool:

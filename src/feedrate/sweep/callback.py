@@ -25,6 +25,7 @@ from feedrate.errors import FeedrateError
 from feedrate.files import atomic_write_text
 from feedrate.project import command, loader_dirs, preset_config_dir, preset_file
 from feedrate.sweep.ceiling import measure_ceilings, measure_gap
+from feedrate.sweep.climb import seeds
 from feedrate.sweep.decide import (
     BASELINES,
     Contestant,
@@ -40,7 +41,6 @@ from feedrate.sweep.space import (
     ranks_per_node,
     search_threads,
     seed_settings,
-    seed_workers,
     start_methods,
 )
 from feedrate.sweep.study import (
@@ -212,7 +212,7 @@ class LoaderSweep(Callback):
                 if "fork" in start_methods(config):  # searched only for other start methods
                     del threads["loader.worker_threads"]
             same = seed_settings(config)
-            for workers in seed_workers(config):
+            for workers in seeds(config):
                 study.enqueue_trial({"loader.num_workers": workers, **same, **threads})
         from feedrate.sweep.host import runner_for
 

@@ -141,8 +141,45 @@ def write_csv(path: Path, table: list[dict]) -> None:
     atomic_write_text(path, buf.getvalue())
 
 
+def predictions_section(study: optuna.Study) -> list[str]:
+    """The model's predictions (feedrate.sweep.climb), each beside what its trial measured."""
+    from feedrate.sweep.climb import PREDICTED_KEY
+
+    lines = []
+    for t in sorted(study.trials, key=lambda t: t.number):
+        made = t.user_attrs.get(PREDICTED_KEY)
+        if not made:
+            continue
+        predicted = made["predicted_samples_per_sec"]
+        got = (
+            f"measured {t.value:,.1f} ({t.value / predicted - 1:+.0%})"
+            if t.value is not None and predicted
+            else f"not measured ({t.state.name.lower()})"
+        )
+        lines.append(f"| trial {t.number} | {predicted:,.1f} | {got} | {made['why']} |")
+    if not lines:
+        return []
+    return [
+        "## What the model predicted",
+        "",
+        'From what a sample cost in the trials before it (docs/design.md, "What a sample'
+        ' costs"); its neighbours were measured after it.',
+        "",
+        "| trial | predicted samples/s | measured (error) | why |",
+        "|---|---|---|---|",
+        *lines,
+        "",
+    ]
+
+
 def write_markdown(
-    path: Path, config: DictConfig, table, contestants, decision, gap: dict | None = None
+    path: Path,
+    config: DictConfig,
+    table,
+    contestants,
+    decision,
+    gap: dict | None = None,
+    predicted: list[str] | None = None,
 ) -> None:
     lines = [
         "# Loader sweep",
@@ -177,7 +214,7 @@ def write_markdown(
     lines += ["", f"Decision: {decision.reason}.", ""]
     if budget is not None:
         lines += [f"Memory budget: {budget}; a run over it cannot win.", ""]
-    lines += [*gap_section(gap), "## Every trial", ""]
+    lines += [*gap_section(gap), *(predicted or []), "## Every trial", ""]
     lines.append("| " + " | ".join(COLUMNS) + " |")
     lines.append("|" + "---|" * len(COLUMNS))
     for row in table:
@@ -402,7 +439,15 @@ def write_all(
 ) -> None:
     table = rows(study, search, contestants, n_new=len(search))
     write_csv(sweep_dir / "trials.csv", table)
-    write_markdown(sweep_dir / "sweep_report.md", config, table, contestants, decision, gap)
+    write_markdown(
+        sweep_dir / "sweep_report.md",
+        config,
+        table,
+        contestants,
+        decision,
+        gap,
+        predictions_section(study),
+    )
     plot_all(sweep_dir, table, contestants, decision, memory_budget(config))
     if gap is not None:
         plot_gap(sweep_dir / "gap.png", gap)

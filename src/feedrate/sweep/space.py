@@ -16,7 +16,6 @@ from feedrate import hardware, stats
 from feedrate.checks import unpicklable
 from feedrate.dataset import build_dataset
 from feedrate.errors import ConfigError
-from feedrate.tuning.policy import wider
 from feedrate.tuning.policy import worker_bound as machine_worker_bound
 
 if TYPE_CHECKING:  # optuna takes a second to import; trial processes load this module too
@@ -90,19 +89,6 @@ def seed_workers(cfg: DictConfig) -> list[int]:
 def rank_cores(ranks: int = 1) -> int:
     """A rank's share of the usable cores with ``ranks`` on the node, at least one."""
     return max(1, int(hardware.usable_cores()) // ranks)
-
-
-def next_rung(best: int, widest: int, bound: int) -> int | None:
-    """The workers to try next past the top seed: the climb's step
-    (:func:`feedrate.tuning.policy.wider`; twice, as the wait is not known) from the fastest
-    setting's ``best``, up to ``bound``, while it has the most workers tried yet (``widest``);
-    else None. Latency-bound data scales past the seeds (the ladder stops at 16 a core, a
-    rank's share of them under ``sweep.ranks_per_node``: 16 a rank on 2 ranks of 2 cores,
-    where a per-rank grid peaked at 32), and the rate is only known to peak once a wider
-    setting reads slower."""
-    if best <= 0 or best < widest or best >= bound:
-        return None
-    return wider(best, bound)
 
 
 def in_space(params: dict[str, Any], space: dict[str, Any]) -> dict[str, Any]:
@@ -210,6 +196,16 @@ def engines(cfg: DictConfig) -> list[str]:
             wanted = [e for e in wanted if e != "thread"]
             _warn_once(f"{why}: the search leaves thread workers out <cfg.sweep.engines>")
     return wanted or ["process"]
+
+
+def streamed(cfg: DictConfig) -> bool:
+    """Is the sweep's dataset a stream (an iterable dataset: its batches say no costs)?"""
+    from feedrate.stream import is_stream
+
+    dataset = cfg.get("dataset")
+    if not dataset or "_target_" not in dataset:
+        return False
+    return is_stream(_built(OmegaConf.to_yaml(dataset)))
 
 
 @functools.lru_cache(maxsize=2)
@@ -419,99 +415,6 @@ def check_sweep(config: DictConfig) -> None:
             )
     if problems:
         raise ConfigError("invalid sweep:\n  - " + "\n  - ".join(problems))
-
-
-def climb_step(trials: list, best: Any, config: DictConfig) -> tuple[dict, str] | None:
-    """A loader sweep's next trial and the line that says why, or None: once the fastest
-    trial so far (``best``, of ``trials``, the study's) is at or past the top seed and has
-    the most workers tried yet, it with twice the workers (:func:`next_rung`); once the
-    width is settled, it on thread workers (:func:`_on_threads`). TPE alone rarely proposes
-    past the seeds: it models the region it has seen. A trial the guard then skips (or a
-    slower one) ends the widening."""
-    from optuna.trial import TrialState
-
-    completed = [t for t in trials if t.state == TrialState.COMPLETE]
-    if not completed:
-        return None
-    wider = _wider(trials, completed, best, config)
-    return wider if wider is not None else _on_threads(trials, completed, best, config)
-
-
-def _asked(trial: Any, key: str) -> Any:
-    """A trial's value of ``key``: what it ran, or what it is enqueued to run."""
-    return trial.params.get(key, trial.system_attrs.get("fixed_params", {}).get(key))
-
-
-def _on_threads(trials: list, completed: list, best: Any, config: DictConfig):
-    """The fastest trial so far, run on worker processes, on as many thread workers, once the
-    seeds have run, where the sweep searches both engines (:func:`engines`), no trial ran
-    that setting yet and none waits to run; at the widest seed instead where wider seeds
-    measured nothing on processes (over ``sweep.memory_budget_gb``: a thread pool needs
-    less). Left to itself, TPE tries threads at whatever worker count it draws (one worker at
-    prefetch 8, in a sweep of latency-bound data whose best had 64)."""
-    from optuna.trial import TrialState
-
-    workers = best.params.get("loader.num_workers")
-    if (
-        not workers
-        or any(t.state == TrialState.WAITING for t in trials)  # a wider one is yet to run
-        or best.params.get("loader.engine", "process") != "process"
-        or sum(t.state.is_finished() for t in trials) < len(seed_workers(config))
-        or len(engines(config)) < 2
-    ):
-        return None
-    # seeds wider than the fastest that no process trial measured (over the memory budget,
-    # failed): threads, which need less, try the widest of them
-    measured = {_asked(t, "loader.num_workers") for t in completed}
-    unmeasured = [n for n in seed_workers(config) if n > workers and n not in measured]
-    width = max(unmeasured, default=workers)
-    if any(
-        _asked(t, "loader.num_workers") == width and _asked(t, "loader.engine") == "thread"
-        for t in trials
-    ):
-        return None
-    params = {k: v for k, v in best.params.items() if k.removeprefix("loader.") not in PROCESS_ONLY}
-    params |= {"loader.engine": "thread", "loader.num_workers": width}
-    latest = max(completed, key=lambda t: t.number).distributions
-    if in_space(params, latest) != {k: v for k, v in params.items() if k in latest}:
-        return None  # a value this sweep does not search (a resumed study's wider space)
-    objective = config.get("objective", "samples_per_sec")
-    said = (
-        f"the fastest trial so far ({workers} worker processes, {objective} {best.value:.1f})"
-        f" is tried on {width} thread workers next: as fast, they need the memory of one"
-        " process (sweep.engines)"
-    )
-    if width != workers:
-        said = (
-            f"the fastest trial so far ({workers} worker processes, {objective}"
-            f" {best.value:.1f}) is tried on thread workers next, at {width}: the widest seed,"
-            " which measured nothing on worker processes (threads need the memory of one"
-            " process; sweep.engines)"
-        )
-    return params, said
-
-
-def _wider(trials: list, completed: list, best: Any, config: DictConfig):
-    workers = "loader.num_workers"  # loader_search_space's
-    fastest = best.params.get(workers)
-    tried = [_asked(t, workers) for t in trials]
-    tried = [int(n) for n in tried if n is not None]
-    if fastest is None or fastest < max(seed_workers(config)):
-        return None  # the seeds bracket the peak: the search (and sweep.bound_by_seeds) goes on
-    rung = next_rung(int(fastest), max(tried, default=0), max_workers(config))
-    if rung is None:
-        return None
-    params = {**best.params, workers: rung}
-    latest = max(completed, key=lambda t: t.number).distributions  # this sweep's space
-    shared = {k: v for k, v in params.items() if k in latest}
-    if in_space(params, best.distributions) != params or in_space(shared, latest) != shared:
-        return None  # a value this sweep does not search (a resumed study's wider space)
-    said = (
-        f"the fastest trial so far ({fastest} workers, {config.get('objective', 'samples_per_sec')}"
-        f" {best.value:.1f}) has the most workers tried yet: the next trial is it with {rung}"
-        " workers"
-    )
-    return params, said
 
 
 def preset_values(loader: dict, with_batch_size: bool) -> dict:

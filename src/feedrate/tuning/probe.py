@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from feedrate.costs import BatchCost, thread_clock
 from feedrate.tuning.model import Costs
 from feedrate.tuning.policy import Figure, Setting
+from feedrate.tuning.spent import Spent
 
 LEAVE_BELOW = 0.8  # of the best rate: a setting this much slower is left
 HELD_BACK = 0.5  # of its time: a consumer that waited this much was held back by its loader
@@ -40,35 +41,6 @@ class _Tally:
     samples: int = 0
     batches: int = 0
     waited: float = 0.0
-
-
-@dataclass
-class _Spent:
-    """What the batches of a window said they cost their workers, and the main process's CPU."""
-
-    worker_s: list[float] = field(default_factory=list)  # each batch's time in its worker
-    samples: int = 0
-    worker_cpu_s: float = 0.0
-    queued_s: float = 0.0
-    collate_s: float = 0.0
-    nbytes: int = 0
-    waits: list[float] = field(default_factory=list)  # each batch's wait inside __next__
-    main_cpu_s: float = 0.0  # the main process's, over the window
-    main_queued_s: float = 0.0  # the loop's thread, ready to run but waiting for a core
-
-    def add(self, cost: BatchCost, waited: float) -> None:
-        self.worker_s.append(cost.read_s + cost.collate_s)
-        self.samples += cost.samples
-        self.worker_cpu_s += cost.read_cpu_s + cost.collate_cpu_s
-        self.queued_s += cost.read_queued_s
-        self.collate_s += cost.collate_s
-        self.nbytes += cost.nbytes
-        self.waits.append(waited)
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 class Probe:
@@ -87,7 +59,7 @@ class Probe:
     ) -> None:
         self.setting, self.window_s, self.best = setting, window_s, best
         self.clock, self.cpu, self.main_cpu, self.loop_clock = clock, cpu, main_cpu, loop_clock
-        self.spent = _Spent()  # what the window's batches cost (loaders built with costs)
+        self.spent = Spent()  # what the window's batches cost (loaders built with costs)
         self.main_cpu_at: float | None = None
         self.loop_queued_at: float | None = None
         self.began = clock()
@@ -226,29 +198,5 @@ class Probe:
 
     def costs(self) -> Costs | None:
         """What a batch cost over the window, where its batches said (None: they did not)."""
-        t, spent = self.held, self.spent
-        n = len(spent.worker_s)
-        if not n or not t.batches or t.seconds <= 0 or not spent.samples:
-            return None
-        mean = sum(spent.worker_s) / n
-        in_process = self.setting.threads or not self.setting.num_workers
-        main_cpu = spent.main_cpu_s - (spent.worker_cpu_s * t.batches / n if in_process else 0.0)
-        workers = self.setting.num_workers and not self.setting.threads
-        # a loop that mostly waits has no batch ready when it asks: its waits are not hand-offs
-        starved = t.waited >= 0.3 * t.seconds
-        return Costs(
-            batch_size=spent.samples / n,
-            worker_s=mean,
-            worker_cpu_s=spent.worker_cpu_s / n,
-            queued_s=spent.queued_s / n,
-            collate_s=spent.collate_s / n,
-            tail=_quantile(spent.worker_s, 0.95) / mean if mean > 0 else 1.0,
-            step_s=max(0.0, t.seconds - t.waited) / t.batches,
-            step_cpu_s=max(0.0, main_cpu) / t.batches,
-            step_queued_s=min(spent.main_queued_s, max(0.0, t.seconds - t.waited)) / t.batches,
-            handoff_s=_quantile(spent.waits, 0.25) if workers and not starved else 0.0,
-            nbytes=spent.nbytes / n,
-            workers_cores=spent.worker_cpu_s / t.seconds,
-            measured_on=self.setting,
-            batches=n,
-        )
+        t = self.held
+        return self.spent.costs(self.setting, t.seconds, t.waited, t.batches)

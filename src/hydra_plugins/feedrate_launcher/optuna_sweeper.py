@@ -67,6 +67,8 @@ class FeedrateOptunaSweeper(OptunaSweeper):
         # A trial the guard of feedrate's launcher skips measures nothing: it does not count
         # against n_trials, and at most n_trials more are asked in its place.
         skips: dict[int, str] = getattr(launcher, "skips", {})  # job index -> why
+        # job index -> what a completed trial measured besides its value (the climb's figure)
+        figures: dict[int, dict] = getattr(launcher, "figures", {})
         # On a shared storage other sweepers run trials of the same study: each running trial
         # says it is alive, and one whose sweeper went quiet is asked again (never lost).
         stale_after = _stale_after(impl.config) if shared(impl.storage) else None
@@ -104,7 +106,8 @@ class FeedrateOptunaSweeper(OptunaSweeper):
                 impl.job_idx += len(returns)
                 failures = 0
                 for job, (trial, ret) in enumerate(zip(batch, returns, strict=True), start=first):
-                    failures += _tell(study, trial, ret, skips.get(job))
+                    figure = figures.pop(job, None)
+                    failures += _tell(study, trial, ret, skips.get(job), figure)
                     del unfinished[trial.number]
                 if failures > impl.max_failure_rate * len(returns):
                     log.error(
@@ -167,7 +170,13 @@ def _save_results(study: optuna.Study, objectives: int, sweep_dir: str) -> None:
     OmegaConf.save(OmegaConf.create(results), f"{sweep_dir}/optimization_results.yaml")
 
 
-def _tell(study: optuna.Study, trial: optuna.trial.Trial, ret, skipped: str | None) -> int:
+def _tell(
+    study: optuna.Study,
+    trial: optuna.trial.Trial,
+    ret,
+    skipped: str | None,
+    figure: dict | None = None,
+) -> int:
     """Tell Optuna what one job returned; 1 when it counts as a failure, else 0. A skipped
     job is pruned: TPE learns nothing from a failed trial and proposes the same region
     again, while a pruned one without intermediate values ranks below every completed one."""
@@ -184,6 +193,10 @@ def _tell(study: optuna.Study, trial: optuna.trial.Trial, ret, skipped: str | No
         except (TypeError, ValueError):
             log.warning("trial %d returned %r, not a number: failed", trial.number, value)
         else:
+            if figure is not None:  # what the climb reads of it besides its value
+                from feedrate.sweep.climb import FIGURE_KEY
+
+                trial.set_user_attr(FIGURE_KEY, figure)
             study.tell(trial, values if len(values) > 1 else values[0])
             return 0
     else:
@@ -194,20 +207,21 @@ def _tell(study: optuna.Study, trial: optuna.trial.Trial, ret, skipped: str | No
 
 
 def _climb(study: optuna.Study, config) -> None:
-    """The search policy's next trial, where it has one
-    (:func:`feedrate.sweep.space.climb_step`), asked next."""
+    """The climb's next trial, where it has one (:func:`feedrate.sweep.climb.next_trial`: the
+    model's prediction, then the neighbours the figures leave open), asked next."""
     if not config.get("sweep"):
         return
-    from feedrate.sweep.space import climb_step
+    from feedrate.sweep.climb import PREDICTED_KEY, next_trial
 
     trials = study.get_trials(deepcopy=False)  # one read of a shared study's storage
-    if not any(t.state == TrialState.COMPLETE for t in trials):
-        return
-    step = climb_step(trials, study.best_trial, config)
+    if any(t.state == TrialState.WAITING for t in trials):
+        return  # asked already (by this sweeper, or another on the same study)
+    step = next_trial(trials, config)
     if step is None:
         return
-    params, said = step
-    study.enqueue_trial(params, skip_if_exists=True)  # another sweeper may have just done it
+    params, said, predicted = step
+    attrs = {PREDICTED_KEY: predicted} if predicted else None
+    study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
     log.info("%s", said)
 
 

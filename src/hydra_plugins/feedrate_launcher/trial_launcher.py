@@ -73,6 +73,9 @@ class FeedrateTrialLauncher(Launcher):
         self.search = Search()  # where the search may go, and when it ends: asked and told
         # job index -> why the guard skipped it: the sweeper asks for another trial instead
         self.skips: dict[int, str] = {}
+        # job index -> what a completed trial measured besides its value: the sweeper keeps
+        # it on the trial, where the climb reads it (feedrate.sweep.climb)
+        self.figures: dict[int, dict] = {}
 
     @property
     def stop_reason(self) -> str | None:
@@ -91,6 +94,7 @@ class FeedrateTrialLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
+        from feedrate.sweep.climb import figure_attrs
         from feedrate.sweep.host import runner_for
         from feedrate.sweep.trial import (
             OK,
@@ -149,6 +153,7 @@ class FeedrateTrialLauncher(Launcher):
             if result.status == OK:
                 ret.status = JobStatus.COMPLETED
                 ret.return_value = result.value
+                self.figures[idx] = figure_attrs(result.metrics)
                 self.search.took(result.value)
                 self._log_trial(idx, shown, objective, result)
                 self.search.learn_bound(sweep_config, result.value)
