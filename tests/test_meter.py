@@ -313,6 +313,25 @@ def test_a_rank_whose_warm_up_is_over_stays_over_while_the_others_finish_theirs(
     assert warm.settled and all(over[first:]) and first < 7
 
 
+def test_a_warm_up_bounded_in_seconds_ends_there_settled_or_not():
+    """``trainer.warmup_max_s`` (a sweep's trials): a start-up backlog of 64 batches and
+    windows that never agree end the warm-up once ``max_s`` has passed since the first step,
+    as a tuning loader's window opens; unbounded, the same steps go on warming up."""
+
+    def steps(max_s):
+        clock = Clock()
+        warm = WarmUp(2, backlog=64, window_steps=2, clock=clock, max_s=max_s)
+        for n, seconds in enumerate([0.3, 0.1, 0.5, 0.1, 0.5, 0.1, 0.5, 0.1, 0.5], start=1):
+            clock.now += seconds
+            if warm.update():
+                return n, warm
+        return None, warm
+
+    ended, warm = steps(1.0)
+    assert ended == 5 and warm.settled is False and warm.as_dict()["seconds"] > 0
+    assert steps(None)[0] is None, "unbounded: the backlog is not eaten yet"
+
+
 def test_ranks_ask_rank_0_only_when_measuring_ends_by_what_a_rank_sees():
     """By steps or epochs each rank knows when it is done, and asks nothing (a stream's ranks
     may run out at different steps, which DDP's join covers; a broadcast would hang there);

@@ -340,6 +340,9 @@ class TrainerConfig:
     # Warm up until the start-up backlog (num_workers x prefetch_factor batches) is consumed
     # and two windows of window_steps agree within 10%; false: exactly warmup_steps.
     steady_state: bool = True
+    # The longest the warm-up may last from the first step, settled or not; null: no bound.
+    # A sweep's trials bound it by their window, as the tuning loader's settings are.
+    warmup_max_s: float | None = None
     # Memory (PSS of the process tree, the guard's input) is read every memory_sample_s outside
     # the measured window; inside it only when the machine's free memory says the tree grew.
     # null: read only before and after the window, and no memory guard.

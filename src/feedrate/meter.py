@@ -61,8 +61,11 @@ class WarmUp:
         clock=time.perf_counter,
         sync=lambda: None,
         workers: int = 0,
+        max_s: float | None = None,
     ) -> None:
         self.min_steps = min_steps
+        # the longest it may last from the first batch, settled or not (None: no bound)
+        self.max_s = max_s
         self.backlog = backlog if steady else 0
         self.workers = workers
         self.window_steps = max(1, window_steps)
@@ -81,6 +84,7 @@ class WarmUp:
         self.rates: list[float] = []  # steps/s of each settling window
         self.cut = False  # the run ended before the warm-up did
         self.ended = False  # this rank's warm-up is over
+        self._first_at: float | None = None  # the first step's end
 
     def update(self, waited: bool = False) -> bool:
         """One warm-up step done (``waited``: mostly waiting for its batch); True when the
@@ -90,6 +94,12 @@ class WarmUp:
             return True
         if waited and self.steps > self.workers:  # the queue ran dry: no backlog is left
             self.backlog = min(self.backlog, self.steps)
+        if self.max_s is not None:  # settled or not, as a tuning loader's window opens
+            now = self.clock()
+            if self._first_at is None:
+                self._first_at = now
+            elif self.steps >= self.min_steps and now - self._first_at >= self.max_s:
+                return self._over()
         if self.steps < max(self.min_steps, self.backlog):
             return False
         if self.max_windows == 0:
@@ -200,6 +210,7 @@ class Meter:
             clock=clock,
             sync=sync,
             workers=workers,
+            max_s=cfg.get("warmup_max_s"),
         )
         self.times = StepTimes()
         self.first_batch_s = float("nan")
