@@ -383,3 +383,43 @@ def test_a_run_with_trainer_costs_reports_what_a_measured_batch_cost(compose, tm
     assert predict(costs, Pipeline(2.0, 64)).setting.num_workers > 2
     off = compose(*LATENT_RUN, f"loader.engine={engine}")
     assert feedrate.run(off, output_dir=tmp_path / "off")["costs"] is None
+
+
+def test_one_main_thread_where_the_steps_pool_spins_beside_busy_workers():
+    """The held-out store on 2 cores: a batch waits 500 ms and burns 30 ms in its worker; the
+    step takes 5 ms on 2 threads and its process 20 ms of CPU (an intra-op pool spinning
+    between steps). On one thread the step takes at most twice as long and spends only
+    that: the workers get the cores, and the model predicts it, with more workers. Where
+    the tuner does not turn the threads (a GPU's host), it never says any."""
+    spinning = costs(15.0, 1.0, 5.0, 20.0, step_threads=2)
+    turned = predict(spinning, Pipeline(2.0, 64, main_threads=2))
+    kept = Setting(turned.setting.num_workers, turned.setting.depth, main_threads=2)
+    assert turned.setting.main_threads == 1
+    assert turned.samples_per_sec > 1.2 * rate(spinning, kept, Pipeline(2.0, 64))[0]
+    assert predict(spinning, Pipeline(2.0, 64)).setting.main_threads is None
+    # a step that is the bound and spends what it takes: its threads are worth keeping
+    busy_step = costs(1.0, 0.2, 40.0, 80.0, step_threads=2)
+    assert predict(busy_step, Pipeline(2.0, 64, main_threads=2)).setting.main_threads == 2
+
+
+def test_the_tuning_loader_that_splits_threads_runs_its_choices_threads(monkeypatch):
+    """``split_threads=True``: each setting runs the step on its own threads
+    (``torch.set_num_threads``), and the choice's stay once tuning is over."""
+    asked = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: asked.append(n))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: asked[-1] if asked else 2)
+    loader = feedrate.autotune_loader(
+        Slow(n=480, wait_ms=3.0, cpu_ms=0.2),
+        batch_size=8,
+        budget_s=4.0,
+        num_workers=1,
+        split_threads=True,
+        engines=["process"],
+    )
+    for _ in range(3):
+        for _batch in loader:
+            pass
+    loader.close()
+    assert loader.climb.machine.main_threads == 2 and loader.climb.start.main_threads == 2
+    tried = {f.setting.main_threads for f in loader.figures}
+    assert tried <= {1, 2} and asked and asked[-1] == loader.choice.setting.main_threads

@@ -239,8 +239,20 @@ def tuning_loader(
         make_loader=candidates,
         engine=args.get("engine") or PROCESS,
         engines=_engines(at),
+        split_threads=split_threads(cfg, hw),
     )
     return loader, candidates
+
+
+def split_threads(cfg: DictConfig, hw: Hardware) -> bool:
+    """Does the tuning loader turn the training process's threads
+    (``trainer.autotune.split_threads``)? By default where the model trains on the CPU the
+    workers use, the run's threads not fixed by ``loader.main_threads``."""
+    wanted = cfg.trainer.autotune.get("split_threads")
+    if wanted is not None:
+        return bool(wanted)
+    measure = getattr(cfg.trainer.measure, "value", cfg.trainer.measure)
+    return hw.device.type == "cpu" and measure == "train" and not cfg.loader.get("main_threads")
 
 
 def _engines(at: DictConfig) -> list[str] | None:

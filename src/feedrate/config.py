@@ -312,6 +312,10 @@ class AutotuneConfig:
     # What may run the workers (loader.engine): processes, threads, or both, measured; thread
     # is left out where the dataset cannot be read by threads (a stream, thread_safe = False)
     engines: list[Engine] = field(default_factory=lambda: [Engine.process, Engine.thread])
+    # Turn the training process's intra-op threads too (the run's, or one), as the model of
+    # the pipeline predicts: the step and the workers share the cores. null: where the model
+    # trains on the CPU and loader.main_threads is not set.
+    split_threads: bool | None = None
 
 
 @dataclass
@@ -399,8 +403,10 @@ class SweepConfig:
     equivalence: float = 0.05
     final_seconds: float = 3.0  # measured window of each final run, after its warm-up
     # Before searching, loader-only and compute-only are measured; the search stops when a
-    # trial reaches (1 - stop_within) of the ceiling they make. false: search every trial.
-    measure_ceilings: bool = True
+    # trial reaches (1 - stop_within) of the ceiling they make. false (the default): the
+    # model's climb ends where it has nothing left to verify, and the gap at the winner is
+    # measured after the finals all the same.
+    measure_ceilings: bool = False
     stop_within: float = 0.03
     # A trial stops measuring once clearly worse: below this share of the best trial so far.
     abandon_below: float = 0.5

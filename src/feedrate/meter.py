@@ -473,7 +473,8 @@ class Meter:
         self.spent.main_cpu_s = self.main_cpu() - cpu
         self.spent.main_queued_s = self.loop_clock()[2] - queued
         t = self.times
-        return self.spent.costs(self.costs_of, t.elapsed_s, sum(t.wait_s), len(t.step_s))
+        threads = torch.get_num_threads()
+        return self.spent.costs(self.costs_of, t.elapsed_s, sum(t.wait_s), len(t.step_s), threads)
 
     def _reset_loss(self) -> None:
         self._loss_sum.zero_()

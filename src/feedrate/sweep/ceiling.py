@@ -232,6 +232,24 @@ def measure_ceilings(config: DictConfig, runner: Runner) -> Ceiling | None:
     return limit
 
 
+def _compute_only(config: DictConfig, sweep_dir: Path, runner: Runner) -> tuple | None:
+    """The compute-only side of the gap, measured after the search: (the ceiling's kind, its
+    samples/s), or None (it does not apply, or failed)."""
+    measure = getattr(config.trainer.measure, "value", config.trainer.measure)
+    if measure != "train" or config.objective != "samples_per_sec":
+        return None
+    compute = run_trial(
+        runner,
+        [*base_args(config), "trainer.measure=compute"],
+        sweep_dir / "ceilings" / "compute",
+        config.hydra.launcher.timeout_s,
+    )
+    if not compute.ok:
+        log.warning("the compute-only run failed (%s): no gap analysis", compute.reason)
+        return None
+    return kind_of(compute.metrics["run"]["device"], "train"), compute.value
+
+
 def read_ceiling(sweep_dir: str | Path) -> Ceiling | None:
     path = Path(sweep_dir) / CEILINGS_FILE
     if not path.exists():
@@ -243,9 +261,15 @@ def measure_gap(
     config: DictConfig, winner: Contestant, sweep_dir: Path, runner: Runner
 ) -> dict | None:
     """The differential method at the winner's settings: its end-to-end figure against its
-    own loader-only run and the compute-only one measured before the search."""
+    own loader-only run and the compute-only one measured before the search (or now, where
+    no ceiling was: ``sweep.measure_ceilings=false``)."""
+    if winner.median is None:
+        return None
     limit = read_ceiling(sweep_dir)
-    if limit is None or winner.median is None:
+    measured = (
+        (limit.kind, limit.compute_only) if limit else _compute_only(config, sweep_dir, runner)
+    )
+    if measured is None:
         return None
     res = run_trial(
         runner,
@@ -261,7 +285,7 @@ def measure_gap(
         why = res.reason if not res.ok else "it measured no samples"
         log.warning("the winner's loader-only run failed (%s): no gap analysis", why)
         return None
-    at_winner = Ceiling(limit.kind, res.value, limit.compute_only, f"{winner.label}'s settings")
+    at_winner = Ceiling(measured[0], res.value, measured[1], f"{winner.label}'s settings")
     words, shares = gap(winner.median, at_winner)
     log.info("where the time goes: %s", words)
     return {

@@ -25,6 +25,7 @@ from feedrate.tuning.setting import PROCESS, THREAD, Setting
 FIGURE_KEY = "feedrate.figure"  # a trial's user attribute: what it measured besides its value
 PREDICTED_KEY = "feedrate.predicted"  # an asked trial's: the model's prediction it verifies
 WORKERS, DEPTH, ENGINE = "loader.num_workers", "loader.prefetch_factor", "loader.engine"
+THREADS = "loader.main_threads"
 PROCESS_ONLY = ("multiprocessing_context", "worker_threads", "persistent_workers")
 
 
@@ -47,7 +48,8 @@ def setting_of(params: dict) -> Setting | None:
     workers = params.get(WORKERS)
     if workers is None:
         return None
-    return Setting(int(workers), params.get(DEPTH), str(params.get(ENGINE) or PROCESS))
+    engine = str(params.get(ENGINE) or PROCESS)
+    return Setting(int(workers), params.get(DEPTH), engine, params.get(THREADS) or None)
 
 
 def figure_of(trial: Any) -> Figure | None:
@@ -77,10 +79,20 @@ def _params(trial: Any) -> dict:
 
 
 def machine(config: DictConfig) -> Machine:
-    from feedrate.sweep.space import engines, max_workers, rank_cores, ranks_per_node
+    """What the climb knows of the machine: a rank's cores and bounds, the engines searched,
+    and the training process's threads where the sweep searches them."""
+    from feedrate.sweep.space import (
+        default_threads,
+        engines,
+        max_workers,
+        rank_cores,
+        ranks_per_node,
+        search_threads,
+    )
 
-    cores = float(rank_cores(ranks_per_node(config)))
-    return Machine(cores, max_workers(config), tuple(engines(config)))
+    ranks = ranks_per_node(config)
+    threads = default_threads(ranks)[THREADS] if search_threads(config) else 0
+    return Machine(float(rank_cores(ranks)), max_workers(config), tuple(engines(config)), threads)
 
 
 def climb_of(trials: list, config: DictConfig) -> tuple[Climb, list[Figure]] | None:
@@ -152,6 +164,8 @@ def next_trial(trials: list, config: DictConfig) -> tuple[dict, str, dict | None
 
 
 def _side(best: Setting, setting: Setting) -> str:
+    if setting.main_threads != best.main_threads:
+        return "the other split of the cores between the step and the workers"
     if setting.engine != best.engine:
         return "the other engine, which the model rates near it"
     if setting.num_workers > best.num_workers:
@@ -169,6 +183,8 @@ def _with_setting(params: dict, setting: Setting, config: DictConfig) -> dict:
     params = {**params, WORKERS: setting.num_workers, DEPTH: setting.depth}
     if len(engines(config)) > 1:
         params[ENGINE] = setting.engine
+    if setting.main_threads and THREADS in params:  # searched (sweep.search_threads)
+        params[THREADS] = setting.main_threads
     if setting.engine == THREAD:
         return {k: v for k, v in params.items() if k.removeprefix("loader.") not in PROCESS_ONLY}
     seeds = seed_settings(config)

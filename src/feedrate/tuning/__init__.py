@@ -15,7 +15,9 @@ def autotune_loader(dataset, **kwargs) -> TuningLoader:
     time) and ``seed`` (the shuffle's). ``engines``: what its workers may be, ``"process"``
     (the DataLoader's) and ``"thread"`` (threads of this process, for a map-style dataset safe
     to read from several threads; left out, with a log line, where it is not), both by
-    default; ``engine``: the one it starts on. Iterate it as a DataLoader, one pass an epoch.
+    default; ``engine``: the one it starts on. ``split_threads=True``: it turns this process's
+    intra-op threads too (``torch.set_num_threads``: its own, or one), where the step runs on
+    the cores the workers use. Iterate it as a DataLoader, one pass an epoch.
     """
     return TuningLoader(dataset, **kwargs)
 

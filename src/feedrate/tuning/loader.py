@@ -154,6 +154,7 @@ class TuningLoader(Saved):
         engines: Sequence[str] | None = None,
         memory: Callable[[], float | None] | None = tree_pss_mb,
         predicts: bool = True,
+        split_threads: bool = False,
     ) -> None:
         _check_args(batch_size, shuffle, sampler, batch_sampler, drop_last, budget_s, max_workers)
         check_engines([engine], "engine")
@@ -180,7 +181,9 @@ class TuningLoader(Saved):
         searched = searched_engines(dataset, start, engines, worker_init_fn)
         workload = functools.partial(_workload, dataset, batch_size, self.ranks)
         self.preset, start, recorded = preset_start(preset, start, searched, workload)
-        machine = Machine(cores, cap, searched)
+        # the step's intra-op threads, turned where it shares the cores with the workers
+        threads = torch.get_num_threads() if split_threads else 0
+        machine = Machine(cores, cap, searched, main_threads=threads)
         self.climb = Climb(
             start, machine, window_s=self.window_s, recorded=recorded, predicts=predicts
         )
@@ -189,11 +192,12 @@ class TuningLoader(Saved):
         self.epoch = 0
         self._pos = 0  # batches of this epoch already yielded
         self.figures: list[Figure] = []
-        self.current = start
+        self.current = self.climb.start
         self.choice: Choice | None = None
         self.tuning = self.budget_s >= MIN_BUDGET_S
         if not self.tuning:
-            self.choice = Choice(start, f"budget_s={budget_s:g} below {MIN_BUDGET_S:g} s", False)
+            below = f"budget_s={budget_s:g} below {MIN_BUDGET_S:g} s"
+            self.choice = Choice(self.climb.start, below, False)
         self.spent_s = 0.0  # tuning seconds so far (in earlier processes too, after a resume)
         self.samples_tuning = 0
         self.written: str | None = None
@@ -425,6 +429,8 @@ class TuningLoader(Saved):
         if self._loader is not None and self._loader_setting == setting:
             return self._loader
         self.close()
+        if setting.main_threads:  # the step's share of the cores, as the setting says
+            torch.set_num_threads(setting.main_threads)
         self._loader = self.make_loader(self, setting)
         self._loader_setting = setting
         if self._stream_state is not None:  # a stream goes on where a checkpoint left it
@@ -434,12 +440,15 @@ class TuningLoader(Saved):
 
     def _start_probe(self, setting: Setting) -> None:
         best = Climb.best(self.figures)
+        if setting.main_threads:  # the step's share of the cores, as the setting says
+            torch.set_num_threads(setting.main_threads)
         self._probe = Probe(
             setting,
             window_s=self.window_s,
             best=best.samples_per_sec / self.ranks.world_size if best else None,  # a rank's
             clock=self.clock,
             cpu=self.cpu,
+            step_threads=torch.get_num_threads(),
         )
         self._since = self.clock()
         if not self.figures and self.ranks.is_main:

@@ -14,6 +14,8 @@ predicted rate for any setting, and the setting predicted best, out. Four rules:
   thread at a time. A batch's CPU against its wall time in a worker says how much that is.
 - **The depth.** A batch that takes ``k`` times the mean stalls the queue for ``k`` batches'
   time: the other workers keep working if each may hold ``k`` batches.
+- **The step's threads.** Where the step runs on the cores the workers use, its intra-op
+  threads take CPU the workers need: on one thread it is slower, but spends only its work.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Costs:
     step_queued_s: float = 0.0  # of ``step_s``, the loop's thread waiting for a core
     measured_on: Setting | None = None
     batches: int = 0  # batches reported in the window
+    step_threads: int = 0  # the training process's intra-op threads over the window (0: unsaid)
 
     @property
     def blocked_s(self) -> float:
@@ -98,6 +101,9 @@ class Pipeline:
     engines: tuple[str, ...] = (PROCESS,)
     memory_mb: float | None = None  # what the loader may add (None: not limited here)
     worker_mb: float = 0.0  # a worker process's own memory
+    # the training process's intra-op threads, which the tuner may lower to one where the
+    # step shares the cores with the workers (0: it does not turn them)
+    main_threads: int = 0
 
 
 def handoff_s(costs: Costs, setting: Setting) -> float:
@@ -111,16 +117,32 @@ def handoff_s(costs: Costs, setting: Setting) -> float:
     return HANDOFF_S + costs.nbytes / HANDOFF_BYTES_S
 
 
+def step_costs(costs: Costs, setting: Setting) -> tuple[float, float]:
+    """The step's time a batch with the cores to itself, and the training process's CPU a
+    batch, on ``setting``'s main threads. On fewer threads than it was measured on, the step
+    takes at most as many times longer (its work, spread over its threads), and its CPU is
+    that work alone: an intra-op pool spins on its cores between steps, which the workers
+    beside it would use (a held-out store on 2 cores: the main process spent 3x the step's
+    time on CPU with 2 threads, and 1 thread trained 1.2x the samples at 24 workers)."""
+    alone, cpu = costs.step_alone_s, costs.step_cpu_s
+    t0, t = costs.step_threads, setting.main_threads
+    if t and t0 and t < t0:
+        alone = costs.step_alone_s * t0 / t
+        cpu = min(cpu, t0 * costs.step_alone_s)
+    return alone, cpu
+
+
 def rate(costs: Costs, setting: Setting, pipe: Pipeline) -> tuple[float, str]:
     """The samples a second ``setting`` is predicted to train at, and what bounds it."""
     b = max(costs.batch_size, 1e-9)
+    step_alone, step_cpu = step_costs(costs, setting)
     if not setting.num_workers:  # the main process reads, collates and steps in turn
-        per_batch = costs.step_alone_s + costs.alone_s
+        per_batch = step_alone + costs.alone_s
         return b / max(per_batch, 1e-9), "step"
     take = handoff_s(costs, setting)
-    step_cpu = costs.step_cpu_s + take
+    step_cpu += take
     bounds = {
-        "step": 1 / max(costs.step_alone_s + take, 1e-9),
+        "step": 1 / max(step_alone + take, 1e-9),
         "workers": setting.num_workers / max(costs.alone_s, 1e-9),
         "cores": pipe.cores / max(costs.worker_cpu_s + step_cpu, 1e-9),
     }
@@ -142,10 +164,10 @@ def depth(costs: Costs) -> int:
     return int(min(DEEPEST, max(2, math.ceil(costs.tail))))
 
 
-def width(costs: Costs, engine: str, pipe: Pipeline) -> int:
+def width(costs: Costs, engine: str, pipe: Pipeline, main_threads: int | None = None) -> int:
     """The workers that feed the step on ``engine`` (Little's law, with headroom), where the
     cores and the GIL let the rate go, within the machine's most workers and its memory."""
-    probe = Setting(pipe.max_workers, 2, engine)
+    probe = Setting(pipe.max_workers, 2, engine, main_threads)
     ceiling, _ = rate(costs, probe, pipe)  # every bound but the workers'
     target = ceiling / max(costs.batch_size, 1e-9)  # batches a second
     n = math.ceil(target * costs.alone_s * headroom(costs))
@@ -158,9 +180,13 @@ def width(costs: Costs, engine: str, pipe: Pipeline) -> int:
 def predict(costs: Costs, pipe: Pipeline) -> Prediction:
     """The setting predicted to train fastest, the cheapest of those within ``EQUAL`` of it:
     no workers before threads, threads before worker processes."""
-    options = [Setting(0)]
-    for engine in sorted(pipe.engines, key=lambda e: e != THREAD):  # the cheaper first
-        options.append(Setting(width(costs, engine, pipe), depth(costs), engine))
+    own = pipe.main_threads or None
+    options = [Setting(0, main_threads=own)]
+    splits = [own, *([1] if pipe.main_threads > 1 and costs.step_threads > 1 else [])]
+    for threads in splits:  # the run's own threads first: the fewer changes
+        for engine in sorted(pipe.engines, key=lambda e: e != THREAD):  # the cheaper first
+            width_ = width(costs, engine, pipe, threads)
+            options.append(Setting(width_, depth(costs), engine, threads))
     rated = [(s, *rate(costs, s, pipe)) for s in options]
     best = max(r for _, r, _ in rated)
     setting, samples, bound = next(x for x in rated if x[1] >= (1 - EQUAL) * best)

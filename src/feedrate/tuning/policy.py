@@ -101,6 +101,9 @@ class Machine:
     cores: float
     max_workers: int
     engines: tuple[str, ...] = (PROCESS,)
+    # the training process's intra-op threads, which the climb may lower to one (the step
+    # shares the cores with the workers); 0: the climb does not turn them
+    main_threads: int = 0
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,8 @@ class Climb:
         recorded: float | None = None,
         predicts: bool = True,
     ) -> None:
+        if machine.main_threads and start.main_threads is None:  # the run's own, said
+            start = replace(start, main_threads=machine.main_threads)
         self.start, self.machine, self.window_s = start, machine, window_s
         self.wait_high, self.gain = wait_high, gain
         # the start is a preset measured here at this rate: checked, not searched again
@@ -189,7 +194,7 @@ class Climb:
     @property
     def pipeline(self) -> Pipeline:
         m = self.machine
-        return Pipeline(m.cores, m.max_workers, m.engines)
+        return Pipeline(m.cores, m.max_workers, m.engines, main_threads=m.main_threads)
 
     @staticmethod
     def _costs(figures: list[Figure]) -> Costs | None:
@@ -232,21 +237,37 @@ class Climb:
                 side = replace(here, num_workers=max(1, math.floor(n / 1.5)))
             if side is not None and not self._close_to_tried(side, figures):
                 moves.append(side)
-            moves += [s for s in self._other_engine(here) if rate(costs, s, pipe)[0] >= near]
+            moves += [
+                s
+                for s in self._other_engine(here)
+                if rate(costs, s, pipe)[0] >= near and not self._close_to_tried(s, figures)
+            ]
+            split = self._other_threads(here)
+            if split is not None and rate(costs, split, pipe)[0] >= near:
+                moves.append(split)
             if rate(costs, Setting(0), pipe)[0] >= near:
                 moves.append(Setting(0))
         return [self._valid(m) for m in moves]
 
+    def _other_threads(self, here: Setting) -> Setting | None:
+        """``here`` on the other split of the cores between the step and the workers: one
+        main thread, or the run's own (None: the climb does not turn them)."""
+        own = self.machine.main_threads
+        if own <= 1:
+            return None
+        return replace(here, main_threads=own if (here.main_threads or own) == 1 else 1)
+
     @staticmethod
     def _close_to_tried(setting: Setting, figures: list[Figure]) -> bool:
-        """A setting on the same engine and depth, its workers within ``CLOSE``, was measured:
-        one window tells no such two apart."""
+        """A setting on the same engine, depth and main threads, its workers within ``CLOSE``,
+        was measured: one window tells no such two apart."""
         for f in figures:
             s = f.setting
-            if (s.engine, s.depth, bool(s.num_workers)) != (
+            if (s.engine, s.depth, bool(s.num_workers), s.main_threads) != (
                 setting.engine,
                 setting.depth,
                 bool(setting.num_workers),
+                setting.main_threads,
             ):
                 continue
             if s.num_workers and max(s.num_workers, setting.num_workers) <= CLOSE * min(
@@ -278,8 +299,11 @@ class Climb:
     def _valid(self, setting: Setting) -> Setting:
         """No prefetch without workers (the DataLoader refuses one); workers on an engine
         searched (from none, the first of them)."""
+        threads = self.machine.main_threads or None
+        if threads is None or setting.main_threads is None:
+            setting = replace(setting, main_threads=threads)
         if not setting.num_workers:
-            return Setting(0, None)
+            return Setting(0, None, main_threads=setting.main_threads)
         if setting.engine not in self.machine.engines:
             return replace(setting, engine=self.machine.engines[0])
         return setting

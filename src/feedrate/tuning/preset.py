@@ -213,19 +213,22 @@ def preset_setting(data: dict, path: Path | str) -> Setting:
     engine it cannot run on is named with the file."""
     workers = int(data.get("num_workers") or 0)
     engine = data.get("engine") or PROCESS
+    depth = data.get("prefetch_factor") if workers else None
     try:
-        return Setting(workers, data.get("prefetch_factor") if workers else None, engine)
+        return Setting(workers, depth, engine, data.get("main_threads") or None)
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}; fix its engine: key") from exc
 
 
 def setting_values(setting: Setting) -> dict[str, Any]:
-    """The keys a tuning loader's choice sets: its workers, their queue depth, and what runs
-    them."""
+    """The keys a tuning loader's choice sets: its workers, their queue depth, what runs them,
+    and the training process's threads where the tuner turned them."""
     values: dict[str, Any] = {"num_workers": setting.num_workers}
     if setting.num_workers:
         values["prefetch_factor"] = setting.depth
         values["engine"] = setting.engine
+    if setting.main_threads:
+        values["main_threads"] = setting.main_threads
     return values
 
 

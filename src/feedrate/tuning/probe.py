@@ -56,10 +56,12 @@ class Probe:
         cpu: Callable[[], tuple[float, float]] | None = None,
         main_cpu: Callable[[], float] | None = time.process_time,
         loop_clock: Callable[[], tuple[float, float, float]] | None = thread_clock,
+        step_threads: int = 0,
     ) -> None:
         self.setting, self.window_s, self.best = setting, window_s, best
         self.clock, self.cpu, self.main_cpu, self.loop_clock = clock, cpu, main_cpu, loop_clock
         self.spent = Spent()  # what the window's batches cost (loaders built with costs)
+        self.step_threads = step_threads  # the training process's intra-op threads
         self.main_cpu_at: float | None = None
         self.loop_queued_at: float | None = None
         self.began = clock()
@@ -199,4 +201,4 @@ class Probe:
     def costs(self) -> Costs | None:
         """What a batch cost over the window, where its batches said (None: they did not)."""
         t = self.held
-        return self.spent.costs(self.setting, t.seconds, t.waited, t.batches)
+        return self.spent.costs(self.setting, t.seconds, t.waited, t.batches, self.step_threads)

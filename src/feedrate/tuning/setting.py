@@ -15,6 +15,9 @@ class Setting:
     num_workers: int
     prefetch_factor: int | None = None  # None: PyTorch's 2 (and none without workers)
     engine: str = PROCESS
+    # the training process's intra-op threads (torch.set_num_threads), where the tuner turns
+    # them: the step and the workers share the cores (None: the run's own, not turned)
+    main_threads: int | None = None
 
     def __post_init__(self) -> None:
         """One way to say each setting: no prefetch without workers, 2 for PyTorch's default,
@@ -35,14 +38,18 @@ class Setting:
         return self.engine == THREAD
 
     def describe(self) -> str:
+        threads = f", main_threads={self.main_threads}" if self.main_threads else ""
         if not self.num_workers:
-            return "num_workers=0"
+            return f"num_workers=0{threads}"
         on = ", engine=thread" if self.threads else ""
-        return f"num_workers={self.num_workers}, prefetch_factor={self.depth}{on}"
+        return f"num_workers={self.num_workers}, prefetch_factor={self.depth}{on}{threads}"
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "num_workers": self.num_workers,
             "prefetch_factor": self.prefetch_factor,
             "engine": self.engine,
         }
+        if self.main_threads:
+            out["main_threads"] = self.main_threads
+        return out

@@ -41,9 +41,12 @@ class Spent:
         self.nbytes += cost.nbytes
         self.waits.append(waited)
 
-    def costs(self, setting: Setting, seconds: float, waited: float, batches: int) -> Costs | None:
+    def costs(
+        self, setting: Setting, seconds: float, waited: float, batches: int, step_threads: int = 0
+    ) -> Costs | None:
         """A batch's costs over a window of ``seconds``, ``batches`` taken by the loop, which
-        waited ``waited`` of it inside ``__next__`` (None: no batch said what it cost)."""
+        waited ``waited`` of it inside ``__next__``, its step on ``step_threads`` intra-op
+        threads (None: no batch said what it cost)."""
         n = len(self.worker_s)
         if not n or not batches or seconds <= 0 or not self.samples:
             return None
@@ -72,4 +75,5 @@ class Spent:
             workers_cores=self.worker_cpu_s / seconds,
             measured_on=setting,
             batches=n,
+            step_threads=step_threads,
         )
