@@ -423,3 +423,10 @@ def test_the_tuning_loader_that_splits_threads_runs_its_choices_threads(monkeypa
     assert loader.climb.machine.main_threads == 2 and loader.climb.start.main_threads == 2
     tried = {f.setting.main_threads for f in loader.figures}
     assert tried <= {1, 2} and asked and asked[-1] == loader.choice.setting.main_threads
+
+
+def test_costs_measured_on_one_main_thread_predict_one_thread_again():
+    """More threads than measured are not rated faster (the model knows nothing of their
+    pool's spin): the thread count measured is kept, and the climb verifies the other."""
+    one = costs(15.0, 1.0, 2.0, 2.0, step_threads=1, on=Setting(25, 2, main_threads=1))
+    assert predict(one, Pipeline(2.0, 64, main_threads=2)).setting.main_threads == 1

@@ -182,8 +182,10 @@ def predict(costs: Costs, pipe: Pipeline) -> Prediction:
     no workers before threads, threads before worker processes."""
     own = pipe.main_threads or None
     options = [Setting(0, main_threads=own)]
-    splits = [own, *([1] if pipe.main_threads > 1 and costs.step_threads > 1 else [])]
-    for threads in splits:  # the run's own threads first: the fewer changes
+    splits = [own]
+    if pipe.main_threads > 1 and costs.step_threads:  # the threads measured first: the
+        splits = [1, own] if costs.step_threads == 1 else [own, 1]  # others are a guess
+    for threads in splits:
         for engine in sorted(pipe.engines, key=lambda e: e != THREAD):  # the cheaper first
             width_ = width(costs, engine, pipe, threads)
             options.append(Setting(width_, depth(costs), engine, threads))
