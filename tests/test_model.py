@@ -354,6 +354,28 @@ def test_a_cap_on_the_cores_is_verified_wider_where_the_loop_still_waits():
     assert narrower.next([start, busy], 60.0).num_workers < made.num_workers
 
 
+def test_a_step_wider_that_gained_less_than_the_gain_ends_the_widening():
+    """Held out (tickets, 2 cores): 21 workers read 2,167 samples/s, one step wider (32)
+    2,233 (+3%, within one window's noise), the loop waiting 31% on busy cores. Another step
+    (48) is not worth its start-up and window; where the last step gained 10% or more, it is."""
+    cpu = costs(wait_ms=15, cpu_ms=0.6, step_ms=5, on=Setting(21))
+
+    def after(wider_rate: float) -> Setting | None:
+        climb = Climb(Setting(4), Machine(2.0, 256), window_s=2.0)
+        start = Figure(Setting(4), 406.0, 0.95, 0.26, 2.9, 0.5, costs=cpu)
+        made = climb.next([start], 60.0)
+        first = Figure(made, 2167.0, 0.59, 0.87, 3.8, 1.0, costs=cpu)
+        step = climb.next([start, first], 60.0)
+        assert step is not None and step.num_workers >= 1.5 * made.num_workers - 1
+        wider = Figure(step, wider_rate, 0.31, 1.0, 3.9, 1.2, costs=cpu)
+        return climb.next([start, first, wider], 60.0), step
+
+    stopped, step = after(2233.0)
+    assert stopped is None or stopped.num_workers <= step.num_workers
+    went_on, step = after(2500.0)
+    assert went_on is not None and went_on.num_workers > step.num_workers
+
+
 LATENT_RUN = (  # 15 ms of latency a sample, two workers: a run of a few seconds
     "dataset.io_latency_ms=15",
     "dataset.n_samples=2000",
