@@ -14,11 +14,10 @@ import torch
 
 from feedrate.checkpoint import Position
 from feedrate.config import Measure
-from feedrate.costs import BatchCost, thread_clock
+from feedrate.costs import BatchCost
 from feedrate.drift import DriftGuard
 from feedrate.tuning.model import Costs
-from feedrate.tuning.setting import Setting
-from feedrate.tuning.spent import Spent
+from feedrate.tuning.spent import Tally
 
 log = logging.getLogger(__name__)
 
@@ -182,9 +181,7 @@ class Meter:
         workers: int = 0,  # the loader's: the warm-up's backlog ends once the queue runs dry
         agree: Callable[[bool], bool] = lambda mine: mine,
         agree_all: Callable[[bool], bool] = lambda mine: mine,
-        costs_of: Setting | None = None,  # the loader's setting, where its batches say costs
-        main_cpu: Callable[[], float] = time.process_time,
-        loop_clock: Callable[[], tuple[float, float, float]] = thread_clock,
+        tally: Tally | None = None,  # what the measured batches cost (trainer.costs)
     ) -> None:
         self.cfg, self.total, self.measure = cfg, total, measure
         # Under torchrun, rank 0's decision on every rank (feedrate.distributed.flag): when
@@ -243,11 +240,7 @@ class Meter:
         self._epochs = 0
         self._step = start  # the last step done
         self._measured = False  # the last step was measured
-        # what the measured steps' batches cost their workers (trainer.costs)
-        self.costs_of, self.main_cpu, self.loop_clock = costs_of, main_cpu, loop_clock
-        self.spent = Spent()
-        self._cost: BatchCost | None = None  # the batch of the step under way's
-        self._cpu_at: tuple[float, float] | None = None  # main CPU, loop queued, when measuring
+        self.tally = tally
 
     # -- the loop's calls ------------------------------------------------------------------
 
@@ -293,7 +286,8 @@ class Meter:
     def batch_cost(self, cost: BatchCost | None) -> None:
         """What the batch that just arrived cost its worker (a loader built with costs);
         tallied where its step is measured."""
-        self._cost = cost
+        if self.tally is not None:
+            self.tally.pending = cost
 
     def step_done(
         self,
@@ -335,9 +329,8 @@ class Meter:
             self._open(restart)
         elif self._measured:
             self._record(step, samples)
-            if self._cost is not None and self.costs_of is not None:
-                self.spent.add(self._cost, self._t1 - self._t0)
-        self._cost = None
+        if self.tally is not None:
+            self.tally.step(self._measured and not restart, self._t1 - self._t0)
         return self.done
 
     def checkpoint_paused(self, step: int, extra: int = 0) -> None:
@@ -385,8 +378,8 @@ class Meter:
         self.sync()
         self.monitor.start_cpu_window()  # samples memory: before the clock starts
         self._measure_start = self.clock()
-        if self.costs_of is not None:
-            self._cpu_at = (self.main_cpu(), self.loop_clock()[2])
+        if self.tally is not None:
+            self.tally.open()
         if self.measure is not Measure.compute:
             self._produced_at_start = self.produced()
         return self._measure_start
@@ -467,14 +460,11 @@ class Meter:
     def _costs(self) -> Costs | None:
         """What a batch cost over the measured steps, where the loader said; their time
         includes every pause a checkpoint made, so a run that saved while measuring has none."""
-        if self.costs_of is None or self._cpu_at is None or self._rewarm_until >= 0:
+        if self.tally is None or self._rewarm_until >= 0:
             return None
-        cpu, queued = self._cpu_at
-        self.spent.main_cpu_s = self.main_cpu() - cpu
-        self.spent.main_queued_s = self.loop_clock()[2] - queued
         t = self.times
-        threads = torch.get_num_threads()
-        return self.spent.costs(self.costs_of, t.elapsed_s, sum(t.wait_s), len(t.step_s), threads)
+        waited, threads = sum(t.wait_s), torch.get_num_threads()
+        return self.tally.costs(t.elapsed_s, waited, len(t.step_s), threads)
 
     def _reset_loss(self) -> None:
         self._loss_sum.zero_()

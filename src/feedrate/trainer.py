@@ -36,6 +36,7 @@ from feedrate.threads import ThreadLoader
 from feedrate.tuning import TuningLoader
 from feedrate.tuning.loader import MIN_BUDGET_S
 from feedrate.tuning.setting import PROCESS, THREAD, Setting
+from feedrate.tuning.spent import Tally
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +320,7 @@ def _meter(
     workers = getattr(loader, "num_workers", 0) or 0
     return Meter(
         cfg,
-        costs_of=_setting(loader) if cfg.get("costs") else None,
+        tally=_tally(loader) if cfg.get("costs") else None,
         total=total,
         start=start,
         backlog=startup_backlog(loader) if measure is not Measure.compute else 0,
@@ -344,14 +345,14 @@ def _meter(
     )
 
 
-def _setting(loader: Any) -> Setting | None:
-    """The setting of a loader whose batches say what they cost (None: a tuning loader's
-    windows tally their own, and a stream's batches say nothing)."""
+def _tally(loader: Any) -> Tally | None:
+    """The tally of a loader whose batches say what they cost, on its setting (None: a tuning
+    loader's windows tally their own, and a stream's batches say nothing)."""
     if isinstance(loader, TuningLoader) or is_stream(getattr(loader, "dataset", None)):
         return None
     engine = THREAD if isinstance(loader, ThreadLoader) else PROCESS
     workers = getattr(loader, "num_workers", 0) or 0
-    return Setting(workers, getattr(loader, "prefetch_factor", None), engine)
+    return Tally(Setting(workers, getattr(loader, "prefetch_factor", None), engine))
 
 
 def agreed(cfg: DictConfig) -> bool:

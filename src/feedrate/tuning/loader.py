@@ -162,12 +162,8 @@ class TuningLoader(Saved):
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.sampler, self.batch_sampler = sampler, batch_sampler
         self.stream = isinstance(dataset, IterableDataset)
-        self.loader_args = {
-            "collate_fn": collate_fn,
-            "pin_memory": pin_memory,
-            "worker_init_fn": worker_init_fn,
-            "timeout": timeout,
-        }
+        self.loader_args = {"collate_fn": collate_fn, "pin_memory": pin_memory}
+        self.loader_args |= {"worker_init_fn": worker_init_fn, "timeout": timeout}
         self.persistent = persistent_workers
         self.context = multiprocessing_context
         self.seed, self.clock, self.cpu, self.memory = seed, clock, cpu, memory
@@ -182,22 +178,21 @@ class TuningLoader(Saved):
         workload = functools.partial(_workload, dataset, batch_size, self.ranks)
         self.preset, start, recorded = preset_start(preset, start, searched, workload)
         # the step's intra-op threads, turned where it shares the cores with the workers
-        threads = torch.get_num_threads() if split_threads else 0
-        machine = Machine(cores, cap, searched, main_threads=threads)
+        machine = Machine(cores, cap, searched, torch.get_num_threads() if split_threads else 0)
         self.climb = Climb(
             start, machine, window_s=self.window_s, recorded=recorded, predicts=predicts
         )
         self.make_loader = make_loader or build
         self._plan = _Plan(self, self.ranks)
-        self.epoch = 0
-        self._pos = 0  # batches of this epoch already yielded
+        self.epoch, self._pos = 0, 0  # the epoch, and its batches already yielded
         self.figures: list[Figure] = []
         self.current = self.climb.start
         self.choice: Choice | None = None
         self.tuning = self.budget_s >= MIN_BUDGET_S
-        if not self.tuning:
-            below = f"budget_s={budget_s:g} below {MIN_BUDGET_S:g} s"
-            self.choice = Choice(self.climb.start, below, False)
+        if not self.tuning:  # the start runs, untuned
+            self.choice = Choice(
+                self.current, f"budget_s={budget_s:g} below {MIN_BUDGET_S:g} s", False
+            )
         self.spent_s = 0.0  # tuning seconds so far (in earlier processes too, after a resume)
         self.samples_tuning = 0
         self.written: str | None = None

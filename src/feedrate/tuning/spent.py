@@ -4,9 +4,11 @@ loader's probe and a run's meter (``trainer.costs``, a sweep's trials) tally the
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from feedrate.costs import BatchCost
+from feedrate.costs import BatchCost, thread_clock
 from feedrate.tuning.model import Costs
 from feedrate.tuning.setting import Setting
 
@@ -77,3 +79,37 @@ class Spent:
             batches=n,
             step_threads=step_threads,
         )
+
+
+class Tally:
+    """A run's costs over its measured steps (the meter's, ``trainer.costs``): the batch of
+    the step under way, tallied once the meter measures that step, and the main process's
+    CPU from the window's opening."""
+
+    def __init__(
+        self,
+        setting: Setting,
+        main_cpu: Callable[[], float] = time.process_time,
+        loop_clock: Callable[[], tuple[float, float, float]] = thread_clock,
+    ) -> None:
+        self.setting, self.main_cpu, self.loop_clock = setting, main_cpu, loop_clock
+        self.spent = Spent()
+        self.pending: BatchCost | None = None  # the batch of the step under way's
+        self.opened: tuple[float, float] | None = None  # main CPU, loop queued, at the opening
+
+    def open(self) -> None:
+        self.opened = (self.main_cpu(), self.loop_clock()[2])
+
+    def step(self, measured: bool, waited: float) -> None:
+        """The step under way is done; ``measured``: the meter counted it."""
+        if measured and self.pending is not None:
+            self.spent.add(self.pending, waited)
+        self.pending = None
+
+    def costs(self, seconds: float, waited: float, batches: int, threads: int) -> Costs | None:
+        if self.opened is None:
+            return None
+        cpu, queued = self.opened
+        self.spent.main_cpu_s = self.main_cpu() - cpu
+        self.spent.main_queued_s = self.loop_clock()[2] - queued
+        return self.spent.costs(self.setting, seconds, waited, batches, threads)

@@ -67,8 +67,7 @@ class FeedrateOptunaSweeper(OptunaSweeper):
         # A trial the guard of feedrate's launcher skips measures nothing: it does not count
         # against n_trials, and at most n_trials more are asked in its place.
         skips: dict[int, str] = getattr(launcher, "skips", {})  # job index -> why
-        # job index -> what a completed trial measured besides its value (the climb's figure)
-        figures: dict[int, dict] = getattr(launcher, "figures", {})
+        figures: dict[int, dict] = getattr(launcher, "figures", {})  # job index -> the climb's
         # On a shared storage other sweepers run trials of the same study: each running trial
         # says it is alive, and one whose sweeper went quiet is asked again (never lost).
         stale_after = _stale_after(impl.config) if shared(impl.storage) else None
