@@ -336,6 +336,8 @@ def test_auto_with_no_preset_measured_here_tunes_in_the_run_and_the_next_run_pic
         "trainer.autotune.max_workers=8",
         "trainer.autotune.budget_s=600",
         "trainer.autotune.preset_name=first_auto",
+        # the climb's settings fit in 3 epochs: the thread split has its own test (test_model)
+        "trainer.autotune.split_threads=false",
     ]
     with caplog.at_level(logging.INFO, logger="feedrate"):
         metrics = feedrate.run(feedrate.compose(first, config_dir=conf), tmp_path / "a")
