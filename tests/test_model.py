@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -452,3 +452,28 @@ def test_costs_measured_on_one_main_thread_predict_one_thread_again():
     pool's spin): the thread count measured is kept, and the climb verifies the other."""
     one = costs(15.0, 1.0, 2.0, 2.0, step_threads=1, on=Setting(25, 2, main_threads=1))
     assert predict(one, Pipeline(2.0, 64, main_threads=2)).setting.main_threads == 1
+
+
+def test_the_other_threads_are_verified_only_where_their_measured_spin_leaves_them_near():
+    """The held-out store: the first window ran the step on the run's 2 threads, whose pool
+    spent 20 ms of CPU a batch on a 5 ms step; the prediction, on one thread, spent 7. On 2
+    cores the 2 threads' CPU caps the rate at about 0.75x one thread's (three windows read
+    0.61-0.79x): the climb leaves that neighbour out. Where no window measured 2 threads'
+    CPU, the model knows nothing of it, and the climb verifies them."""
+    machine = Machine(2.0, 64, main_threads=2)
+    two, one = Setting(4, 2, main_threads=2), Setting(33, 2, main_threads=1)
+    seen_two = costs(8.0, 0.45, 5.0, 20.0, batch=64, on=two, step_threads=2)
+    seen_one = costs(8.0, 0.45, 12.0, 7.0, batch=64, on=one, step_threads=1)
+    seed = Figure(two, 420.0, 0.97, 0.16, 2.8, 0.6, costs=seen_two)
+    best = Figure(one, 3460.0, 0.02, 0.98, 4.1, 1.9, costs=seen_one)
+
+    def asked(figures: list[Figure]) -> list[Setting]:
+        """What the climb measures after ``figures``, each other setting reading 0.9x."""
+        climb, figures, out = Climb(figures[0].setting, machine, window_s=2.0), [*figures], []
+        while (nxt := climb.next(figures, 30.0)) is not None and len(out) < 8:
+            out.append(nxt)
+            figures.append(Figure(nxt, 3110.0, 0.05, 0.98, 4.0, 1.9, costs=seen_one))
+        return out
+
+    assert replace(one, main_threads=2) not in asked([seed, best])
+    assert replace(one, main_threads=2) in asked([best])

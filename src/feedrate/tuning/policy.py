@@ -119,6 +119,25 @@ class Choice:
         return cls(Setting(**data["setting"]), data["reason"], data["beats_start"])
 
 
+def on_threads(costs: Costs, figures: list[Figure], setting: Setting) -> Costs:
+    """``costs`` as ``setting``'s main threads would spend them: where a figure measured the
+    training process on more threads than ``costs`` were, its CPU a batch there, the least
+    such (an intra-op pool spins on its cores between steps, CPU the model cannot derive from
+    one thread's: a held-out store on 2 cores spent 16-26 ms a batch on 2 threads against 7 on
+    one, and each of three windows on 2 threads read 0.61-0.79x one thread's)."""
+    t = setting.main_threads
+    if not t or not costs.step_threads or t <= costs.step_threads:
+        return costs
+    spent = [
+        f.costs.step_cpu_s
+        for f in figures
+        if f.ok and f.costs is not None and f.costs.step_threads == t
+    ]
+    if not spent:
+        return costs
+    return replace(costs, step_cpu_s=max(costs.step_cpu_s, min(spent)))
+
+
 class Climb:
     """The search: :meth:`next` after each figure, :meth:`choose` at the end."""
 
@@ -245,7 +264,10 @@ class Climb:
                 if rate(costs, s, pipe)[0] >= near and not self._close_to_tried(s, figures)
             ]
             split = self._other_threads(here)
-            if split is not None and rate(costs, split, pipe)[0] >= near:
+            if (
+                split is not None
+                and rate(on_threads(costs, figures, split), split, pipe)[0] >= near
+            ):
                 moves.append(split)
             if rate(costs, Setting(0), pipe)[0] >= near:
                 moves.append(Setting(0))
