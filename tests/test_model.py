@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 import feedrate
 from feedrate.costs import Costed, CostedCollate, TimedReads, split
-from feedrate.tuning.model import Costs, Pipeline, depth, predict, rate
+from feedrate.tuning.model import Costs, Pipeline, depth, headroom, predict, rate
 from feedrate.tuning.policy import Climb, Figure, Machine, Setting
 
 BOTH = ("process", "thread")
@@ -477,3 +477,17 @@ def test_the_other_threads_are_verified_only_where_their_measured_spin_leaves_th
 
     assert replace(one, main_threads=2) not in asked([seed, best])
     assert replace(one, main_threads=2) in asked([best])
+
+
+def test_a_pool_the_cores_hold_is_sized_past_their_cap_where_reads_mostly_wait():
+    """The held-out store's first window: a batch of 64 waits 512 ms and burns 29 ms. The
+    cores cap the rate, at a figure one window's CPU a batch sets (23-46 ms over three such
+    windows): the pool is sized for a quarter more, as its extra workers only wait. Data
+    that burns its time on the cores gets no such margin: more workers would compete."""
+    waits = costs(8.0, 0.45, 5.0, 20.0, batch=64, step_threads=2, on=Setting(4, 2, main_threads=2))
+    made = predict(waits, Pipeline(2.0, 128, main_threads=2))
+    little = made.samples_per_sec / 64 * waits.alone_s * headroom(waits)
+    assert made.bound == "cores" and made.setting.num_workers >= 1.2 * little
+    burns = costs(0.5, 5.0, 2.0)
+    cpu = predict(burns, Pipeline(2.0, 128))
+    assert cpu.setting.num_workers <= math.ceil(cpu.samples_per_sec / 32 * burns.alone_s * 1.5)
