@@ -239,6 +239,42 @@ def test_finalists_differ_in_more_than_a_few_workers_and_stay_near_the_best():
     assert [n for n, _, _ in pick_finalists(lower, 3, maximize=False)] == ["a", "b"]
 
 
+def test_finalists_the_model_rates_past_their_workers_are_re_measured_as_one(compose, monkeypatch):
+    """The held-out ticket store's finals ran 42 and 63 workers of the same settings, tied
+    in all 5 rounds: from the fastest trial's costs, the cores hold 42 even with a quarter
+    fewer workers, so 63 only adds workers that wait, and one of them is re-measured. A
+    pool the model rates held by its workers (20) is a finalist of its own."""
+    from dataclasses import asdict
+
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import create_trial
+
+    from feedrate.sweep.climb import FIGURE_KEY, fed_twins
+    from feedrate.tuning.model import Costs
+
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 2.0)
+    cfg = compose("sweep=loader", "sweep.preset_name=x", "sweep.engines=[process]")
+    costs = Costs(64, 0.58, 0.028, 0.084, 0.005, 1.3, 0.012, 0.006, 0.0, 197120.0)
+
+    def trial(workers: int, value: float) -> tuple[str, dict, float]:
+        params = {"loader.num_workers": workers, "loader.prefetch_factor": 2}
+        kept = {"data_wait_frac": 0.35, "cpu_busy_frac": 0.97, "costs": asdict(costs)}
+        return create_trial(
+            params=params,
+            distributions={k: CategoricalDistribution([v]) for k, v in params.items()},
+            value=value,
+            user_attrs={FIGURE_KEY: kept},
+        )
+
+    trials = [trial(42, 3090.0), trial(63, 2892.0), trial(20, 2880.0)]
+    twins = fed_twins(trials, cfg)
+    ranked = [(f"trial {i}", t.params, t.value) for i, t in enumerate(trials)]
+    picked = pick_finalists(ranked, 2, twins=twins)
+    assert [n for n, _, _ in picked] == ["trial 0", "trial 2"]
+    assert [n for n, _, _ in pick_finalists(ranked, 2)] == ["trial 0", "trial 1"]
+    assert not fed_twins([], cfg)(trials[0].params, trials[1].params), "no costs: no model"
+
+
 def test_contestants_with_the_same_resolved_settings_are_one():
     cpu_run = {
         "loader": {"batch_size": 64, "num_workers": 2, "pin_memory": False},

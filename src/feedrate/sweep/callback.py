@@ -335,11 +335,14 @@ class LoaderSweep(Callback):
             raise SweepFailed(_failure_summary(search))
         maximize = study.direction.name == "MAXIMIZE"
         ranked = sorted(done, key=lambda t: t.value, reverse=maximize)
+        from feedrate.sweep.climb import fed_twins
+
         picked = pick_finalists(
             [(f"trial {t.number}", t.params, t.value) for t in ranked],
             config.sweep.finalists,
             config.sweep.finalist_within,
             maximize,
+            twins=fed_twins(study.trials, config),
         )
         for name, params, _ in picked:
             values = [f"{k}={v}" for k, v in params.items()]

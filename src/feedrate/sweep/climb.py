@@ -14,11 +14,12 @@ trial its prediction, in its user attributes: a resumed or shared study climbs o
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from omegaconf import DictConfig
 
-from feedrate.tuning.model import Costs, Prediction
+from feedrate.tuning.model import Costs, Prediction, past_the_workers
 from feedrate.tuning.policy import Climb, Figure, Machine
 from feedrate.tuning.setting import PROCESS, THREAD, Setting
 
@@ -109,6 +110,34 @@ def climb_of(trials: list, config: DictConfig) -> tuple[Climb, list[Figure]] | N
         if made:
             climb.predictions.append((made["after_figures"], _prediction(made)))
     return climb, figures
+
+
+def fed_twins(trials: list, config: DictConfig) -> Callable[[dict, dict], bool]:
+    """Two searched settings the finals would only tell apart by noise: near twins
+    (:func:`~feedrate.sweep.decide.near_twins`), or the same in every parameter but the
+    worker count where the model, from the fastest trial's costs, rates the narrower held by
+    the cores or the step even with a quarter fewer workers: the wider only adds workers
+    that wait. Two such finalists tied in every final round of two held-out stores (42 and
+    63 workers, 0.98x [0.74, 1.29] over 5 rounds; 47 and 57, 0.93x [0.75, 1.17]), at 11 s a
+    run."""
+    from feedrate.sweep.decide import near_twins
+
+    got = climb_of(trials, config)
+    costs = Climb._costs(got[1]) if got is not None else None
+    pipe = got[0].pipeline if got is not None else None
+
+    def twins(a: dict, b: dict) -> bool:
+        if near_twins(a, b):
+            return True
+        key = "loader.num_workers"
+        if costs is None or {k: v for k, v in a.items() if k != key} != {
+            k: v for k, v in b.items() if k != key
+        }:
+            return False
+        narrower = setting_of(min((a, b), key=lambda p: p.get(key) or 0))
+        return narrower is not None and past_the_workers(costs, narrower, pipe)
+
+    return twins
 
 
 def _prediction(made: dict) -> Prediction:

@@ -6,6 +6,7 @@ rules that decide are :mod:`feedrate.tuning.decide`, the one decision of every t
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -193,13 +194,15 @@ def pick_finalists(
     n: int,
     within: float = FINALIST_WITHIN,
     maximize: bool = True,
+    twins: Callable[[dict, dict], bool] = near_twins,
 ) -> list[tuple[str, dict, float]]:
     """The search's trials worth re-measuring: ``ranked`` best first (name, params, value),
     at most ``n``. The best always; after it, only trials within ``within`` of its search
     figure (a second finalist guards against a lucky search run, and no search run is lucky by
     25%: webdataset's 16 workers at 0.72 of the best lost every final round), and none that is
-    a near twin of one already picked, or has the same parameters. ``maximize`` False: lower
-    is better, and within means at most ``1 + within`` times the best."""
+    a twin of one already picked (``twins``: :func:`near_twins`, or the model's
+    :func:`feedrate.sweep.climb.fed_twins`), or has the same parameters. ``maximize`` False:
+    lower is better, and within means at most ``1 + within`` times the best."""
     out: list[tuple[str, dict, float]] = []
     for name, params, value in ranked:
         if len(out) >= n:
@@ -207,7 +210,7 @@ def pick_finalists(
         best = out[0][2] if out else value
         if (value < (1 - within) * best) if maximize else (value > (1 + within) * best):
             break
-        if any(params == p or near_twins(params, p) for _, p, _ in out):
+        if any(params == p or twins(params, p) for _, p, _ in out):
             continue
         out.append((name, params, value))
     return out

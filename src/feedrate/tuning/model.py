@@ -21,7 +21,7 @@ predicted rate for any setting, and the setting predicted best, out. Four rules:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from feedrate.tuning.setting import PROCESS, THREAD, Setting
 
@@ -156,6 +156,16 @@ def rate(costs: Costs, setting: Setting, pipe: Pipeline) -> tuple[float, str]:
         bounds["collate"] = 1 / max(costs.collate_s, 1e-9)  # one thread collates
     bound = min(bounds, key=bounds.get)
     return b * bounds[bound], bound
+
+
+def past_the_workers(costs: Costs, setting: Setting, pipe: Pipeline) -> bool:
+    """``setting``'s rate is held by something other than its workers, even with a quarter
+    fewer of them (``CAP_SPREAD``): in the model, more workers change nothing, and a wider
+    pool of the same setting trains as fast."""
+    if not setting.num_workers:
+        return False
+    fewer = max(1, math.floor(setting.num_workers / (1 + CAP_SPREAD)))
+    return rate(costs, replace(setting, num_workers=fewer), pipe)[1] != "workers"
 
 
 def headroom(costs: Costs) -> float:
