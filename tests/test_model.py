@@ -491,3 +491,23 @@ def test_a_pool_the_cores_hold_is_sized_past_their_cap_where_reads_mostly_wait()
     burns = costs(0.5, 5.0, 2.0)
     cpu = predict(burns, Pipeline(2.0, 128))
     assert cpu.setting.num_workers <= math.ceil(cpu.samples_per_sec / 32 * burns.alone_s * 1.5)
+
+
+def test_a_wider_pool_read_within_a_tenth_is_chosen_where_the_loop_waits_on_reads():
+    """Held-out sensors, round 1: 52 workers read 3,330 samples/s in one window, the loop
+    still waiting 44%; 64 read 3,299 in a window that their start-up (4.5 s of 6.6) shared.
+    Reads that mostly wait: 64 is taken, as its extra workers only wait. The same figures
+    from reads that burn their time on the cores keep 52: there workers compete."""
+    waits = costs(16.0, 0.5, 10.7, 7.0, batch=64, on=Setting(52, 2, main_threads=1))
+    burns = costs(0.2, 16.0, 10.7, 7.0, batch=64, on=Setting(52, 2, main_threads=1))
+    machine = Machine(2.0, 64, main_threads=2)
+    start = Setting(4, 2, main_threads=2)
+    for seen, expected in ((waits, 64), (burns, 52)):
+        figures = [
+            Figure(start, 283.0, 0.95, 0.14, 3.8, 1.0, costs=seen),
+            Figure(Setting(52, 2, main_threads=1), 3330.0, 0.44, 0.93, 5.5, 3.3, costs=seen),
+            Figure(Setting(64, 2, main_threads=1), 3299.0, 0.28, 0.98, 6.6, 4.5, costs=seen),
+        ]
+        choice = Climb(start, machine, window_s=2.0).choose(figures)
+        assert choice.setting.num_workers == expected, choice.reason
+        assert ("its extra workers only wait" in choice.reason) == (expected == 64)
