@@ -511,3 +511,26 @@ def test_a_wider_pool_read_within_a_tenth_is_chosen_where_the_loop_waits_on_read
         choice = Climb(start, machine, window_s=2.0).choose(figures)
         assert choice.setting.num_workers == expected, choice.reason
         assert ("its extra workers only wait" in choice.reason) == (expected == 64)
+
+
+def test_a_narrower_step_already_measured_is_not_measured_again():
+    """Held-out audio: the climb measured 28 workers, then 35 (+2%), the cores busy. The
+    step narrower from 35 is 23, but 28 already read that side: no window goes to 23. Where
+    the pool measured narrower is more than a step away (15), the step narrower is verified."""
+    machine = Machine(2.0, 64, main_threads=2)
+    start = Setting(4, 2, main_threads=2)
+    seen = costs(13.0, 1.0, 9.0, 7.0, batch=64, on=Setting(35, 2, main_threads=1), step_threads=1)
+
+    def asked(figures: list[Figure]) -> list[int]:
+        climb, figures, out = Climb(start, machine, window_s=2.0), [*figures], []
+        while (nxt := climb.next(figures, 30.0)) is not None and len(out) < 8:
+            out.append(nxt.num_workers)
+            figures.append(Figure(nxt, 1700.0, 0.3, 0.97, 4.0, 2.0, costs=seen))
+        return out
+
+    first = Figure(start, 270.0, 0.95, 0.15, 3.5, 0.8, costs=seen)
+    wide = Figure(Setting(35, 2, main_threads=1), 1983.0, 0.30, 0.97, 4.8, 2.3, costs=seen)
+    narrow = Figure(Setting(28, 2, main_threads=1), 1940.0, 0.35, 0.96, 4.6, 2.5, costs=seen)
+    assert 23 not in asked([first, narrow, wide])
+    further = Figure(Setting(15, 2, main_threads=1), 1900.0, 0.40, 0.95, 4.2, 2.0, costs=seen)
+    assert 23 in asked([first, further, wide]), "15 is more than a step narrower than 35"
