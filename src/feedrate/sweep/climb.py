@@ -120,7 +120,7 @@ def fed_twins(trials: list, config: DictConfig) -> Callable[[dict, dict], bool]:
     that wait. Two such finalists tied in every final round of two held-out stores (42 and
     63 workers, 0.98x [0.74, 1.29] over 5 rounds; 47 and 57, 0.93x [0.75, 1.17]), at 11 s a
     run."""
-    from feedrate.sweep.decide import near_twins
+    from feedrate.sweep.decide import near_twins, same_but_workers
 
     got = climb_of(trials, config)
     costs = Climb._costs(got[1]) if got is not None else None
@@ -129,12 +129,9 @@ def fed_twins(trials: list, config: DictConfig) -> Callable[[dict, dict], bool]:
     def twins(a: dict, b: dict) -> bool:
         if near_twins(a, b):
             return True
-        key = "loader.num_workers"
-        if costs is None or {k: v for k, v in a.items() if k != key} != {
-            k: v for k, v in b.items() if k != key
-        }:
+        if costs is None or not same_but_workers(a, b):
             return False
-        narrower = setting_of(min((a, b), key=lambda p: p.get(key) or 0))
+        narrower = setting_of(min((a, b), key=lambda p: p.get(WORKERS) or 0))
         return narrower is not None and past_the_workers(costs, narrower, pipe)
 
     return twins

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from feedrate import stats
 from feedrate.files import atomic_write_text
+from feedrate.sweep.climb import WORKERS
 from feedrate.sweep.feasibility import Budget, run_memory_mb
 from feedrate.sweep.trial import TrialResult
 from feedrate.tuning.decide import SAME_WORKERS, Decision
@@ -176,14 +177,20 @@ def merge_identical(contestants: list[Contestant], stream: bool) -> list[Contest
 FINALIST_WITHIN = 0.10  # sweep.finalist_within
 
 
+def same_but_workers(a: dict, b: dict) -> bool:
+    """Two trials' parameters, the same in all but the worker count."""
+    return {k: v for k, v in a.items() if k != WORKERS} == {
+        k: v for k, v in b.items() if k != WORKERS
+    }
+
+
 def near_twins(a: dict, b: dict) -> bool:
     """Two searched settings no final round could tell apart: the same in every parameter
     but the worker count, and worker counts within ``SAME_WORKERS`` of each other (51 and
     54 workers on 10 ms reads: five final rounds of both ended in a tie, 55 s of runs)."""
-    key = "loader.num_workers"
-    if {k: v for k, v in a.items() if k != key} != {k: v for k, v in b.items() if k != key}:
+    if not same_but_workers(a, b):
         return False
-    wa, wb = a.get(key), b.get(key)
+    wa, wb = a.get(WORKERS), b.get(WORKERS)
     if wa is None or wb is None:
         return wa == wb
     return abs(wa - wb) <= SAME_WORKERS * max(wa, wb)

@@ -62,6 +62,13 @@ class Costs:
         return max(0.0, self.worker_s - self.worker_cpu_s - self.queued_s)
 
     @property
+    def waits_mostly(self) -> bool:
+        """A batch spends half its time in a worker or more off the CPU (latency-bound):
+        workers past the cores' need only wait, where on reads that burn the cores they
+        compete with the step."""
+        return self.blocked_s >= 0.5 * self.alone_s
+
+    @property
     def alone_s(self) -> float:
         """A batch's time in a worker with a core of its own."""
         return self.blocked_s + self.worker_cpu_s
@@ -186,7 +193,7 @@ def width(costs: Costs, engine: str, pipe: Pipeline, main_threads: int | None = 
     probe = Setting(pipe.max_workers, 2, engine, main_threads)
     ceiling, bound = rate(costs, probe, pipe)  # every bound but the workers'
     target = ceiling / max(costs.batch_size, 1e-9)  # batches a second
-    if bound == "cores" and costs.blocked_s >= 0.5 * costs.alone_s:
+    if bound == "cores" and costs.waits_mostly:
         target *= 1 + CAP_SPREAD
     n = math.ceil(target * costs.alone_s * headroom(costs))
     most = pipe.max_workers

@@ -119,6 +119,12 @@ class Choice:
         return cls(Setting(**data["setting"]), data["reason"], data["beats_start"])
 
 
+def family(setting: Setting) -> tuple:
+    """What two settings that differ only in their workers share: the engine, the depth and
+    the main threads."""
+    return (setting.engine, setting.depth, setting.main_threads)
+
+
 def on_threads(costs: Costs, figures: list[Figure], setting: Setting) -> Costs:
     """``costs`` as ``setting``'s main threads would spend them: where a figure measured the
     training process on more threads than ``costs`` were, its CPU a batch there, the least
@@ -281,13 +287,11 @@ class Climb:
         64 workers, +3%, +8% and -10% a step, the loop waiting 17-31% on busy cores, and
         spent 28 s of a 36 s budget doing it."""
         here = best.setting
-        same = (here.engine, here.depth, here.main_threads)
+        same = family(here)
         below = [
             f
             for f in figures
-            if f.ok
-            and (f.setting.engine, f.setting.depth, f.setting.main_threads) == same
-            and 0 < f.setting.num_workers < here.num_workers
+            if f.ok and family(f.setting) == same and 0 < f.setting.num_workers < here.num_workers
         ]
         if not below:
             return True
@@ -300,10 +304,10 @@ class Climb:
         already: the figures show that side, and a window more on it tells nothing new (the
         held-out audio store climbed 28 then 35 workers, +2%, and spent 3.6 s on 23)."""
         here = best.setting
-        same = (here.engine, here.depth, here.main_threads)
+        same = family(here)
         return any(
             f.ok
-            and (f.setting.engine, f.setting.depth, f.setting.main_threads) == same
+            and family(f.setting) == same
             and here.num_workers / 1.5 <= f.setting.num_workers < here.num_workers
             for f in figures
         )
@@ -473,22 +477,23 @@ class Climb:
         others use (64 processes on 2 cores started for 4.5 s of a 6.6 s window). Where the
         loop waits, the extra workers only wait once started, and a pool short of the data's
         need loses the rate by the shortfall: held-out sensors chose 46-52 workers over 64
-        read 0.88-0.99x in one window each, and trained 0.85x the sweep's 57 in steady state."""
+        read 0.91x and 0.99x in one window each, and trained 0.85x the sweep's 57 in steady
+        state."""
         if not chosen.num_workers:
             return None
         mine = [f for f in figures if f.ok and f.setting == chosen]
         here = max(mine, key=lambda f: f.samples_per_sec, default=None)
         if here is None or here.data_wait_frac < STILL_WAITS or here.costs is None:
             return None
-        if here.costs.blocked_s < 0.5 * here.costs.alone_s:  # reads that burn the cores
+        if not here.costs.waits_mostly:  # reads that burn the cores: workers compete
             return None
-        same = (chosen.engine, chosen.depth, chosen.main_threads)
+        same = family(chosen)
         wider = [
             f
             for f in figures
             if f.ok
             and not f.left_early
-            and (f.setting.engine, f.setting.depth, f.setting.main_threads) == same
+            and family(f.setting) == same
             and f.setting.num_workers > chosen.num_workers
             and f.samples_per_sec >= (1 - 2 * EQUIVALENCE) * here.samples_per_sec
         ]
