@@ -36,7 +36,7 @@ class Monitor:
     def end_cpu_window(self) -> None:
         self.measuring = False
 
-    def sample(self) -> None:
+    def sample_soon(self) -> None:
         self.samples.append(self.measuring)
 
 
@@ -330,6 +330,26 @@ def test_a_warm_up_bounded_in_seconds_ends_there_settled_or_not():
     ended, warm = steps(1.0)
     assert ended == 5 and warm.settled is False and warm.as_dict()["seconds"] > 0
     assert steps(None)[0] is None, "unbounded: the backlog is not eaten yet"
+
+
+def test_a_warm_up_bounded_in_seconds_ends_once_the_queue_ran_dry():
+    """A sweep's trial costs what a tuning loader's setting costs: its window opens at the
+    first wait after every worker delivered once (the start-up backlog is eaten), without
+    windows that agree; a wait while the workers still deliver their first batches does not
+    open it, and unbounded, the same steps settle first."""
+
+    def steps(max_s, waits):
+        clock = Clock()
+        warm = WarmUp(2, backlog=16, window_steps=2, clock=clock, max_s=max_s, workers=4)
+        for n, waited in enumerate(waits, start=1):
+            clock.now += 0.1
+            if warm.update(waited):
+                return n
+        return None
+
+    waits = [True, False, True, False, False, True, False, False, False, False]
+    assert steps(5.0, waits) == 6, "the wait at step 3 came before every worker delivered"
+    assert steps(None, waits) == 10, "unbounded: two windows must agree after the backlog"
 
 
 def test_ranks_ask_rank_0_only_when_measuring_ends_by_what_a_rank_sees():

@@ -1291,6 +1291,30 @@ def test_a_sweep_measures_its_ceiling_first_and_says_where_the_gap_is(project, m
     assert (project / "conf" / "loader" / "near.yaml").exists()
 
 
+def test_a_default_sweep_says_where_the_gap_is_from_the_costs_without_a_run_more(
+    project, monkeypatch, capsys
+):
+    """The winner's loader-only and compute-only runs cost a sweep 15 s: by default its final
+    runs' costs say where its time goes, each part's bound against its rate; measure_gap=true
+    runs them."""
+    proc, runner = _simulated(project, monkeypatch, capsys, *SLEEPY_SYNTHETIC, name="costs")
+    assert proc.returncode == 0, proc.out[-3000:]
+    assert not [o for o in runner.ran if any(a.startswith("trainer.measure=") for a in o)]
+    sweep_dir = project / "multirun" / "0"
+    report = (sweep_dir / "sweep_report.md").read_text()
+    section = report.split("## Where the gap is")[1].split("##")[0]
+    assert "each part alone would allow (" in section and "set the pace, reached at" in section
+    assert "workers " in section and "cores " in section, "the bounds, each named"
+    assert (sweep_dir / "gap.png").stat().st_size > 0
+
+    again, runner = _simulated(
+        project, monkeypatch, capsys, *SLEEPY_SYNTHETIC, "sweep.measure_gap=true", name="runs"
+    )
+    assert again.returncode == 0, again.out[-3000:]
+    assert [o for o in runner.ran if "trainer.measure=compute" in o], "the differential runs"
+    assert "of each sample's time" in (project / "multirun" / "1" / "sweep_report.md").read_text()
+
+
 def _workers(overrides: list[str]) -> int | None:
     return next((int(o.split("=")[1]) for o in overrides if "num_workers=" in o), None)
 

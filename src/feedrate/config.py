@@ -404,9 +404,12 @@ class SweepConfig:
     final_seconds: float = 3.0  # measured window of each final run, after its warm-up
     # Before searching, loader-only and compute-only are measured; the search stops when a
     # trial reaches (1 - stop_within) of the ceiling they make. false (the default): the
-    # model's climb ends where it has nothing left to verify, and the gap at the winner is
-    # measured after the finals all the same.
+    # model's climb ends where it has nothing left to verify.
     measure_ceilings: bool = False
+    # Where the winner's time goes: false (the default), from what its final runs' batches
+    # cost (trainer.costs), no run more; true, by the differential method, its loader-only
+    # and compute-only runs (two runs more; so too whenever measure_ceilings is true).
+    measure_gap: bool = False
     stop_within: float = 0.03
     # A trial stops measuring once clearly worse: below this share of the best trial so far.
     abandon_below: float = 0.5

@@ -127,6 +127,8 @@ class ResourceMonitor:
         # (every rank of the machine and their workers), so sibling ranks are not "noise".
         self._cpu_root = psutil.Process(cpu_root) if cpu_root else self._proc
         self._stop = threading.Event()
+        self._wake = threading.Event()  # the stop, or a reading asked for now
+        self._soon = False
         self._thread = threading.Thread(target=self._run, name="feedrate-monitor", daemon=True)
         shm = shm_bytes()
         self._shm_base = shm[1] if shm else 0
@@ -169,6 +171,15 @@ class ResourceMonitor:
         if shm:
             p.shm_bytes = max(p.shm_bytes, shm[1] - self._shm_base)
 
+    def sample_soon(self) -> None:
+        """A full reading, taken by the monitor's thread at once (the caller goes on: a walk of
+        64 workers' page maps takes 0.6 s), or here where no thread runs."""
+        if not self._thread.is_alive():
+            self.sample()
+            return
+        self._soon = True
+        self._wake.set()
+
     def _end_workers(self) -> None:
         """SIGKILL the DataLoader workers: memory comes back now, and a main process stuck
         waiting on them fails at once instead of at the OOM killer's hand."""
@@ -187,10 +198,15 @@ class ResourceMonitor:
         return near_limit or estimate > (1 + self.GROWTH) * max(self.peaks.pss_bytes, pss)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while True:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            soon, self._soon = self._soon, False
             if self.tripped:  # the training loop did not stop at its step's end: end workers
                 self._end_workers()
-            if not self._measuring:
+            if soon or not self._measuring:
                 self.sample()
             elif self._may_have_grown():
                 self.full_samples += 1
@@ -235,7 +251,8 @@ class ResourceMonitor:
                 busy = busy1 - busy0
                 self.cpu_util = min(1.0, busy / capacity)
                 self.other_cpu_frac = min(1.0, max(0.0, busy - (ours1 - ours0)) / capacity)
-        self.sample()
+        if self._may_have_grown():  # else the readings so far hold its peak (0.6 s saved)
+            self.sample()
 
     def __enter__(self) -> ResourceMonitor:
         self.sample()
@@ -245,5 +262,6 @@ class ResourceMonitor:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join()

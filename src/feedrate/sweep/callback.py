@@ -24,7 +24,7 @@ from feedrate import environment, hardware, provenance, stats
 from feedrate.errors import FeedrateError
 from feedrate.files import atomic_write_text
 from feedrate.project import command, loader_dirs, preset_config_dir, preset_file
-from feedrate.sweep.ceiling import measure_ceilings, measure_gap
+from feedrate.sweep.ceiling import costs_gap, measure_ceilings, measure_gap, read_ceiling
 from feedrate.sweep.climb import seeds
 from feedrate.sweep.decide import (
     BASELINES,
@@ -291,9 +291,11 @@ class LoaderSweep(Callback):
         from feedrate.sweep.host import POOL, runner_for
 
         POOL.close_all(but=_slug(decision.winner))
-        gap = measure_gap(
-            config, decision.winner, sweep_dir, runner_for(config, _slug(decision.winner))
-        )
+        if config.sweep.get("measure_gap") or read_ceiling(sweep_dir) is not None:
+            runner = runner_for(config, _slug(decision.winner))
+            gap = measure_gap(config, decision.winner, sweep_dir, runner)
+        else:  # from what its runs' batches cost: no run more
+            gap = costs_gap(config, decision.winner)
         POOL.close_all()
         phases.done("gap")
         log.info("the sweep's phases took %s", phases.describe())

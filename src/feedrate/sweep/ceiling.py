@@ -257,6 +257,49 @@ def read_ceiling(sweep_dir: str | Path) -> Ceiling | None:
     return Ceiling.from_dict(json.loads(path.read_text()))
 
 
+def costs_gap(config: DictConfig, winner: Contestant) -> dict | None:
+    """Where the winner's time per sample goes, from what its final runs' batches cost
+    (``trainer.costs``) and no run more: the rate each part of the pipeline would let its
+    settings reach alone (:func:`feedrate.tuning.model.bounds`), against the rate it trained
+    at. None where its runs reported no costs (``trainer.costs=false``)."""
+    from feedrate.sweep.climb import machine
+    from feedrate.tuning.model import HELD_BY, Costs, Pipeline, bounds
+
+    if winner.median is None:
+        return None
+    ran = [r for r in winner.results if r.ok and r.value and (r.metrics or {}).get("costs")]
+    if not ran:
+        log.info("%s's runs reported no costs: no account of where its time goes", winner.label)
+        return None
+    median = min(ran, key=lambda r: abs(r.value - winner.median))  # its typical run
+    costs = Costs.from_dict(median.metrics["costs"])
+    m = machine(config)
+    pipe = Pipeline(m.cores, m.max_workers, m.engines, main_threads=m.main_threads)
+    setting = costs.measured_on
+    if setting is None:
+        return None
+    each = bounds(costs, setting, pipe)
+    bound = min(each, key=each.get)
+    ms = 1000
+    parts = ", ".join(f"{HELD_BY[k].removeprefix('the ')} {v:,.0f}" for k, v in each.items())
+    words = (
+        f"end to end {winner.median:,.0f} samples/s at {setting.describe()}, where a batch of"
+        f" {costs.batch_size:.0f} took {costs.alone_s * ms:,.1f} ms in a worker"
+        f" ({costs.worker_cpu_s * ms:,.1f} ms on a core) and the step"
+        f" {costs.step_alone_s * ms:,.1f} ms: each part alone would allow ({parts} samples/s),"
+        f" so {HELD_BY[bound]} set the pace, reached at {winner.median / each[bound]:.2f}"
+    )
+    log.info("where the time goes: %s", words)
+    return {
+        "method": "costs",
+        "end_to_end": winner.median,
+        "setting": setting.describe(),
+        "bounds": each,
+        "bound": bound,
+        "words": words,
+    }
+
+
 def measure_gap(
     config: DictConfig, winner: Contestant, sweep_dir: Path, runner: Runner
 ) -> dict | None:

@@ -395,6 +395,16 @@ def gap_section(gap: dict | None) -> list[str]:
     """Where the winner's time per sample goes: the loader, the model, or their sharing."""
     if gap is None:
         return []
+    if gap.get("method") == "costs":
+        return [
+            "## Where the gap is",
+            "",
+            gap["words"][0].upper() + gap["words"][1:] + ".",
+            "",
+            "From what the winner's batches cost in its final runs (`sweep.measure_gap=true`:"
+            " its loader-only and compute-only runs measure it instead). Plot: `gap.png`.",
+            "",
+        ]
     c = gap["ceiling"]
     compute = f"{c['compute_only']:,.1f}" if c["compute_only"] else "n/a"
     return [
@@ -413,6 +423,9 @@ def gap_section(gap: dict | None) -> list[str]:
 def plot_gap(path: Path, gap: dict) -> None:
     """End to end against loader-only, compute-only and the ceiling, and the shares of a
     sample's time."""
+    if gap.get("method") == "costs":
+        _plot_bounds(path, gap)
+        return
     c = gap["ceiling"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     names = ["end to end", "loader-only", "compute-only", f"ceiling ({c['kind']})"]
@@ -429,6 +442,27 @@ def plot_gap(path: Path, gap: dict) -> None:
     right.axhline(0, color="black", linewidth=0.8)
     right.set_ylabel("% of a sample's time")
     right.set_title("Where each sample's time goes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_bounds(path: Path, gap: dict) -> None:
+    """The winner's rate against what each part of its pipeline would allow alone."""
+    from feedrate.tuning.model import HELD_BY
+
+    names = ["end to end", *(f"{HELD_BY[k].removeprefix('the ')} alone" for k in gap["bounds"])]
+    values = [gap["end_to_end"], *gap["bounds"].values()]
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(values) + 1.5))
+    colors = ["tab:green"] + [
+        "tab:red" if k == gap["bound"] else "tab:blue" for k in gap["bounds"]
+    ]
+    ax.barh(names, values, color=colors)
+    for i, v in enumerate(values):
+        ax.text(v, i, f" {v:,.0f}", va="center", fontsize=8)
+    ax.set_xlabel("samples/s")
+    ax.invert_yaxis()
+    ax.set_title(f"The winner ({gap['setting']}) against each part's bound, from its costs")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -423,7 +423,9 @@ class TuningLoader(Saved):
             self._start_probe(setting)
         if self._loader is not None and self._loader_setting == setting:
             return self._loader
-        self.close()
+        # at once: the batches the old pool still reads are not wanted (the next goes on from
+        # the last one taken), and a worker mid-read would hold the loop up to a batch's time
+        self.end_workers(kill=True)
         if setting.main_threads:  # the step's share of the cores, as the setting says
             torch.set_num_threads(setting.main_threads)
         self._loader = self.make_loader(self, setting)

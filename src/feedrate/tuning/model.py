@@ -143,26 +143,33 @@ def step_costs(costs: Costs, setting: Setting) -> tuple[float, float]:
     return alone, cpu
 
 
-def rate(costs: Costs, setting: Setting, pipe: Pipeline) -> tuple[float, str]:
-    """The samples a second ``setting`` is predicted to train at, and what bounds it."""
+def bounds(costs: Costs, setting: Setting, pipe: Pipeline) -> dict[str, float]:
+    """The samples a second each part of the pipeline lets ``setting`` reach alone: the
+    step, the workers, the cores (and on threads the GIL and the collating thread); without
+    workers, the main process reading and stepping in turn ("step")."""
     b = max(costs.batch_size, 1e-9)
     step_alone, step_cpu = step_costs(costs, setting)
     if not setting.num_workers:  # the main process reads, collates and steps in turn
-        per_batch = step_alone + costs.alone_s
-        return b / max(per_batch, 1e-9), "step"
+        return {"step": b / max(step_alone + costs.alone_s, 1e-9)}
     take = handoff_s(costs, setting)
     step_cpu += take
-    bounds = {
+    per_batch = {
         "step": 1 / max(step_alone + take, 1e-9),
         "workers": setting.num_workers / max(costs.alone_s, 1e-9),
         "cores": pipe.cores / max(costs.worker_cpu_s + step_cpu, 1e-9),
     }
     if setting.threads:
         gil = costs.worker_cpu_s * costs.gil_share
-        bounds["gil"] = 1 / max(gil, 1e-9)
-        bounds["collate"] = 1 / max(costs.collate_s, 1e-9)  # one thread collates
-    bound = min(bounds, key=bounds.get)
-    return b * bounds[bound], bound
+        per_batch["gil"] = 1 / max(gil, 1e-9)
+        per_batch["collate"] = 1 / max(costs.collate_s, 1e-9)  # one thread collates
+    return {part: b * batches for part, batches in per_batch.items()}
+
+
+def rate(costs: Costs, setting: Setting, pipe: Pipeline) -> tuple[float, str]:
+    """The samples a second ``setting`` is predicted to train at, and what bounds it."""
+    each = bounds(costs, setting, pipe)
+    bound = min(each, key=each.get)
+    return each[bound], bound
 
 
 def past_the_workers(costs: Costs, setting: Setting, pipe: Pipeline) -> bool:
@@ -229,11 +236,13 @@ def explain(costs: Costs, setting: Setting, bound: str) -> str:
     )
     if not setting.num_workers:
         return f"{said}: the main process alone keeps up"
-    held = {
-        "step": "the step",
-        "workers": "the workers",
-        "cores": "the cores",
-        "gil": "the GIL",
-        "collate": "the collating thread",
-    }[bound]
-    return f"{said}: {setting.describe()} feeds it, held by {held}"
+    return f"{said}: {setting.describe()} feeds it, held by {HELD_BY[bound]}"
+
+
+HELD_BY = {
+    "step": "the step",
+    "workers": "the workers",
+    "cores": "the cores",
+    "gil": "the GIL",
+    "collate": "the collating thread",
+}
