@@ -454,9 +454,7 @@ def _plot_bounds(path: Path, gap: dict) -> None:
     names = ["end to end", *(f"{HELD_BY[k].removeprefix('the ')} alone" for k in gap["bounds"])]
     values = [gap["end_to_end"], *gap["bounds"].values()]
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(values) + 1.5))
-    colors = ["tab:green"] + [
-        "tab:red" if k == gap["bound"] else "tab:blue" for k in gap["bounds"]
-    ]
+    colors = ["tab:green"] + ["tab:red" if k == gap["bound"] else "tab:blue" for k in gap["bounds"]]
     ax.barh(names, values, color=colors)
     for i, v in enumerate(values):
         ax.text(v, i, f" {v:,.0f}", va="center", fontsize=8)
