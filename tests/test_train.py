@@ -255,6 +255,28 @@ def test_prefetched_backlog_is_not_reported_as_throughput(compose):
     assert streamed["samples_per_sec"] < 90, "reported more than the 80 samples/s it sustains"
 
 
+def test_a_memory_reading_asked_for_now_is_taken_by_the_monitors_thread():
+    """The workers' first reading (their page maps: 0.6 s at 64 workers) is the monitor
+    thread's to take at once, not the loop's: the loop goes on while it is taken."""
+    import threading
+
+    from feedrate.monitor import ResourceMonitor
+
+    with ResourceMonitor(interval_s=60) as monitor:  # no reading due for a minute
+        taken, real = [], monitor.sample
+        done = threading.Event()
+
+        def reading() -> None:
+            real()
+            taken.append(threading.current_thread().name)
+            done.set()
+
+        monitor.sample = reading
+        monitor.sample_soon()
+        assert done.wait(20), "the ask woke the thread"
+    assert taken == ["feedrate-monitor"]
+
+
 @pytest.mark.parametrize("measure", ["loader", "compute"])
 def test_ceiling_modes_measure_one_side_only(compose, tmp_path, measure):
     m = feedrate.run(
