@@ -326,6 +326,28 @@ def test_every_sample_once_an_epoch_across_switches(persistent):
     assert loader.report()["chosen"] is not None
 
 
+def test_a_setting_left_mid_epoch_has_its_workers_killed_not_waited_for(monkeypatch):
+    """The batches its workers still read are not wanted (the next setting goes on from the
+    last batch taken), and PyTorch's end of them waits for each read: about a second a
+    switch on a held-out store. Every sample is still trained once."""
+    import signal
+
+    import feedrate.loader
+
+    pools, remember = [], feedrate.loader._Loader._remember
+
+    def kept(self, iterator):
+        pools.append(list(getattr(iterator, "_workers", [])))
+        return remember(self, iterator)
+
+    monkeypatch.setattr(feedrate.loader._Loader, "_remember", kept)
+    loader = tuning_loader(Indices(240))
+    assert sorted(epoch_of(loader)) == list(range(240))
+    left = [pool for pool in pools if pool][:-1]  # with workers, but the epoch's last
+    assert left, "it switched mid-epoch from a setting with workers"
+    assert [w.exitcode for pool in left for w in pool] == [-signal.SIGKILL] * sum(map(len, left))
+
+
 def test_it_switches_to_threads_mid_epoch_and_every_sample_is_still_read_once(tmp_path):
     """Both engines: the clock reads a setting's rate from its workers alone, so threads read
     at least as fast as processes at the same width and are chosen; they go on where the

@@ -382,6 +382,10 @@ class TuningLoader(Saved):
             yield batch
             if self.tuning and not self.stream and self.ranks.agree(self._measured()):
                 if self._next_setting():
+                    # at once: the batches its workers still read are not wanted (the next
+                    # setting goes on from the last one taken), and the iteration's own end
+                    # would wait for each read, up to a batch's time
+                    self.end_workers(kill=True)
                     return True
         self._loader = None
         self._failed(failure)
@@ -423,9 +427,7 @@ class TuningLoader(Saved):
             self._start_probe(setting)
         if self._loader is not None and self._loader_setting == setting:
             return self._loader
-        # at once: the batches the old pool still reads are not wanted (the next goes on from
-        # the last one taken), and a worker mid-read would hold the loop up to a batch's time
-        self.end_workers(kill=True)
+        self.close()
         if setting.main_threads:  # the step's share of the cores, as the setting says
             torch.set_num_threads(setting.main_threads)
         self._loader = self.make_loader(self, setting)
