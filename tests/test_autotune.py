@@ -445,3 +445,20 @@ def test_on_drift_retune_tunes_again_once_the_data_wait_rose(tmp_path, short_win
     pairs = [(a, b) for a, b in zip(phases, phases[1:], strict=False) if b["tried"]]
     assert pairs, "a tuning again measured something"
     assert all(b["tried"][0]["setting"] == a["chosen"]["setting"] for a, b in pairs)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "budget"),
+    [
+        (["trainer.max_seconds=180"], 15.0),  # a 3-minute run chooses within 15 s
+        (["trainer.max_seconds=3600"], 60.0),  # a long one: the default
+        (["trainer.max_seconds=null"], 60.0),
+        (["trainer.max_seconds=180", "trainer.autotune.budget_s=40"], 40.0),  # as asked
+    ],
+)
+def test_the_tuning_budget_is_a_twelfth_of_a_short_run_and_60_s_of_a_long_one(
+    compose, overrides, budget
+):
+    from feedrate.autotune import budget_seconds
+
+    assert budget_seconds(compose("loader=autotune", *overrides, tiny=False).trainer) == budget

@@ -1186,6 +1186,33 @@ def test_a_two_rank_sweep_adds_each_ranks_baselines_and_writes_a_per_rank_preset
     assert preset.get("per_rank", False) is not divided, decided.winner
 
 
+def test_final_rounds_past_the_third_stop_at_the_sweeps_budget(project, monkeypatch, capsys):
+    """Contestants that tie within 30% noise are not settled by three rounds: without a bound
+    the rounds go on to sweep.final_rounds; with sweep.budget_s spent, no round starts past
+    the third, and the decision is taken on what was measured."""
+    rounds_run = {}
+    for budget in ("null", "0.001"):
+        rng = random.Random(0)
+        swept, _ = _simulated(
+            project,
+            monkeypatch,
+            capsys,
+            *SLEEPY_SYNTHETIC,
+            f"sweep.budget_s={budget}",
+            name=f"budget_{budget.replace('.', '_')}",
+            rounds=5,
+            speed=lambda overrides: rng.uniform(0.7, 1.3),
+        )
+        assert swept.returncode == 0, swept.out[-3000:]
+        sweep_dir = sorted((project / "multirun").glob("*"), key=lambda d: int(d.name))[-1]
+        rounds_run[budget] = 1 + max(
+            int(d.name[len("round"):].split("_")[0]) for d in (sweep_dir / "final").glob("round*")
+        )
+        assert (sweep_dir / "final_decision.yaml").exists()
+    assert rounds_run == {"null": 5, "0.001": 3}, rounds_run
+    assert "stopped after 3, unsettled" in swept.out and "sweep.budget_s=0.001" in swept.out
+
+
 def test_a_sweep_within_a_memory_budget_returns_a_preset_under_it(project, monkeypatch, capsys):
     """Spawned workers each import torch again (about 300 MB, beside 600 MB for the training
     process: the simulated runner's figures, as measured here): a 1.4 GB budget admits two."""

@@ -29,12 +29,13 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_S = 60.0
 MAX_BUDGET_S = 120.0
-BUDGET_SHARE = 0.2  # of trainer.max_seconds, at most
+BUDGET_SHARE = 1 / 12  # of trainer.max_seconds, at most: 15 s of a 3-minute run
 
 
 def budget_seconds(trainer: DictConfig) -> float:
-    """``trainer.autotune.budget_s``, or 60 s, at most a fifth of ``trainer.max_seconds``,
-    at most 120 s."""
+    """``trainer.autotune.budget_s``, or 60 s, at most a twelfth of ``trainer.max_seconds``
+    (15 s of a 3-minute run: what slower settings train while they are measured is the
+    tuning's cost), at most 120 s."""
     asked = trainer.autotune.budget_s
     if asked is not None:
         return float(asked)

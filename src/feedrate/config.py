@@ -292,7 +292,7 @@ class AutotuneConfig:
     :class:`feedrate.tuning.TuningLoader`). Each setting it tries is a new DataLoader that
     goes on where the one before stopped in the epoch."""
 
-    # The tuning, in seconds of the run; null: 60, at most a fifth of trainer.max_seconds, at
+    # The tuning, in seconds of the run; null: 60, at most a twelfth of trainer.max_seconds, at
     # most 120; 0: no tuning. The run trains all along; the rest of it runs the setting chosen.
     budget_s: float | None = None
     # A setting whose loader delivers no batch for this many seconds has failed (a worker
@@ -402,6 +402,9 @@ class SweepConfig:
     final_rounds: int = 5
     equivalence: float = 0.05
     final_seconds: float = 3.0  # measured window of each final run, after its warm-up
+    # The sweep's time, seconds: past the third final round, none starts that would end after it
+    # (a tie not settled by then goes to the fastest by the paired rounds). null: no bound.
+    budget_s: float | None = 120.0
     # Before searching, loader-only and compute-only are measured; the search stops when a
     # trial reaches (1 - stop_within) of the ceiling they make. false (the default): the
     # model's climb ends where it has nothing left to verify.

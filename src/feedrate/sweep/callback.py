@@ -91,6 +91,10 @@ class Phases:
         self.seconds[phase] = round(now - self._last, 1)
         self._last = now
 
+    def elapsed(self) -> float:
+        """Seconds since the sweep began, the phase under way included."""
+        return sum(self.seconds.values()) + self.clock() - self._last
+
     def describe(self) -> str:
         """``312 s: ceilings 25, search 114, final 165, gap 8``"""
         parts = ", ".join(f"{k} {v:.0f}" for k, v in self.seconds.items())
@@ -281,7 +285,7 @@ class LoaderSweep(Callback):
             return
         search = report.collect_search(sweep_dir)
         contestants = self._contestants(config, study, search)
-        contestants = self._remeasure(config, contestants, sweep_dir / "final")
+        contestants = self._remeasure(config, contestants, sweep_dir / "final", phases)
         phases.done("final")
         budget = memory_budget(config)
         looks = stats.looks(config.sweep.final_rounds)
@@ -352,14 +356,17 @@ class LoaderSweep(Callback):
         return contestants
 
     def _remeasure(
-        self, config: DictConfig, contestants: list[Contestant], out: Path
+        self, config: DictConfig, contestants: list[Contestant], out: Path, phases: Phases
     ) -> list[Contestant]:
         """Alternating rounds of every contestant, each in its own warm host (a new DataLoader
         each round); after the first, contestants that ran the same resolved settings are one
         (measured once from then on). From the third round on, the rounds stop once the
         decision is settled (:func:`~feedrate.tuning.decide.settled`); ``sweep.final_rounds``
-        is the most. A finalist's search run is not one of them: chosen for being high, it is
-        biased high. Returns those left."""
+        is the most, and past the third no round starts that would end after
+        ``sweep.budget_s`` of the sweep (as long as the last round took): a tie the rounds
+        have not settled by then goes to the fastest by the paired rounds, as any undecided
+        contestant does. A finalist's search run is not one of them: chosen for being high, it
+        is biased high. Returns those left."""
         from tqdm import tqdm
 
         from feedrate.sweep.host import POOL, runner_for
@@ -376,7 +383,9 @@ class LoaderSweep(Callback):
         # intervals are corrected for every look (feedrate.stats.simultaneous)
         looks = stats.looks(rounds)
         bar = tqdm(total=rounds * len(contestants), desc="final re-measurement", unit="run")
+        budget = config.sweep.get("budget_s")
         for r in range(rounds):
+            began = time.monotonic()
             # Alternate, and reverse every other round, so drift hits everyone alike.
             live = [c for c in contestants if not c.dropped]
             for c in live if r % 2 == 0 else live[::-1]:
@@ -406,6 +415,23 @@ class LoaderSweep(Callback):
                     f"settled after {r + 1} rounds: every contestant is significantly slower"
                     f" than another or within {config.sweep.equivalence:.0%} of the fastest"
                 )
+                break
+            last_round_s = time.monotonic() - began
+            if (
+                budget is not None
+                and stats.MIN_ROUNDS <= r + 1 < rounds
+                and phases.elapsed() + last_round_s > budget
+            ):
+                log.info(
+                    "final rounds: stopped after %d, unsettled: one more (%.0f s) would end the"
+                    " sweep past sweep.budget_s=%g s (at %.0f s now); the fastest by the paired"
+                    " rounds wins where the rest is a tie not yet shown",
+                    r + 1,
+                    last_round_s,
+                    budget,
+                    phases.elapsed(),
+                )
+                bar.total = bar.n
                 break
         bar.close()
         return contestants

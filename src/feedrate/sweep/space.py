@@ -357,6 +357,8 @@ def check_sweep(config: DictConfig) -> None:
         problems.append(f"sweep.equivalence={s.equivalence} must be between 0 and 1")
     if s.final_seconds <= 0:
         problems.append(f"sweep.final_seconds={s.final_seconds} must be positive")
+    if s.get("budget_s") is not None and s.budget_s <= 0:
+        problems.append(f"sweep.budget_s={s.budget_s} must be positive, or null (no bound)")
     if s.memory_budget_gb is not None and s.memory_budget_gb <= 0:
         problems.append(f"sweep.memory_budget_gb={s.memory_budget_gb} must be positive, or null")
     if s.max_workers is not None and s.max_workers < 1:
