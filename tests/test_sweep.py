@@ -1201,12 +1201,12 @@ def test_final_rounds_past_the_third_stop_at_the_sweeps_budget(project, monkeypa
             f"sweep.budget_s={budget}",
             name=f"budget_{budget.replace('.', '_')}",
             rounds=5,
-            speed=lambda overrides: rng.uniform(0.7, 1.3),
+            speed=lambda overrides, rng=rng: rng.uniform(0.7, 1.3),
         )
         assert swept.returncode == 0, swept.out[-3000:]
         sweep_dir = sorted((project / "multirun").glob("*"), key=lambda d: int(d.name))[-1]
         rounds_run[budget] = 1 + max(
-            int(d.name[len("round"):].split("_")[0]) for d in (sweep_dir / "final").glob("round*")
+            int(d.name[len("round") :].split("_")[0]) for d in (sweep_dir / "final").glob("round*")
         )
         assert (sweep_dir / "final_decision.yaml").exists()
     assert rounds_run == {"null": 5, "0.001": 3}, rounds_run
