@@ -6,14 +6,16 @@
 A generated block sits between ``<!-- generated: NAME -->`` and ``<!-- /generated -->`` in a
 Markdown file; :data:`TABLES` says how each is written. Every block cites its folders under
 ``benchmarks/results/``, with the machine and the commit each was measured at, and says
-"stale since <commit>" where ``src/`` or ``conf/`` (the code that measures and decides) changed
-after that commit: the figure is of older code, until it is measured again. Nothing in a block
-is typed by hand; ``tests/test_results.py`` runs the check.
+"stale since <commit>: <file> changed" where a file its figures depend on changed after that
+commit (:func:`depends_on`: the paths its bench names in ``DEPENDS_ON``, and its workloads'
+own files): the figure is of older code, until it is measured again. Nothing in a block is
+typed by hand; ``tests/test_results.py`` runs the check.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
 import json
 import os
@@ -24,11 +26,12 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
-from loader_bench import TARGETS
+from loader_bench import TARGETS, WORKLOADS
 
 ROOT = Path(__file__).resolve().parents[1]
 HASH = re.compile(r"\b[0-9a-f]{7,40}(?:\+dirty)?\b")
-# The code a result depends on: what measures and decides, the workloads, the entry point
+# The code a result depends on where its bench names none (a folder of a bench that is gone,
+# or with no command.txt): what measures and decides, the workloads, the entry point
 MEASURED = ("src", "conf", "examples", "train.py")
 RESULTS = ROOT / "benchmarks" / "results"
 BLOCK = re.compile(
@@ -95,10 +98,64 @@ def short(commit: str) -> str:
     return ", ".join(shown)
 
 
+def _bench_depends(script: str) -> tuple[str, ...] | None:
+    """The ``DEPENDS_ON`` a bench script names (read, not imported), or None."""
+    path = ROOT / "benchmarks" / script
+    if not path.is_file():
+        return None
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "DEPENDS_ON" for t in node.targets
+        ):
+            return tuple(ast.literal_eval(node.value))
+    return None
+
+
+def workload_files(overrides: list[str]) -> list[str]:
+    """The files a workload's overrides name: its dataset's and model's config (and the
+    built-in dataset or model code they build), or the example module of its own dataset."""
+    files = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key in ("dataset", "model"):
+            files.append(f"conf/{key}/{value}.yaml")
+            if value != "custom":
+                files.append(f"src/feedrate/{key}.py")
+        elif key.endswith("._target_") and value.startswith("examples."):
+            files.append(value.rsplit(".", 1)[0].replace(".", "/") + ".py")
+    return files
+
+
 @functools.cache
-def staleness(commit: str) -> str:
-    """Empty when the code a result depends on (:data:`MEASURED`) is, in this tree, as it was
-    at ``commit`` (at each, for a pooled bench's several); else what changed since. A tree
+def depends_on(folder: str) -> tuple[str, ...]:
+    """The paths a folder's figures depend on: those its bench names (``DEPENDS_ON`` in the
+    script its command.txt ran) and its workloads' own files (``--workloads``; every workload
+    of ``benchmarks/loader_bench.py`` where it names none). :data:`MEASURED`, all the code,
+    where no bench named its paths."""
+    command = RESULTS / folder / "command.txt"
+    words = command.read_text().splitlines()[0].split() if command.exists() else []
+    script = next((Path(w).name for w in words if w.startswith("benchmarks/")), None)
+    named = _bench_depends(script) if script else None
+    if named is None:
+        return MEASURED
+    if "--workloads" in words:
+        at = words.index("--workloads") + 1
+        ran = [w for w in words[at:] if not w.startswith("-")]
+        ran = ran[: next((i for i, w in enumerate(ran) if w not in WORKLOADS), len(ran))]
+    else:
+        ran = list(WORKLOADS)
+    files = [f for w in ran for f in workload_files(WORKLOADS[w])]
+    return tuple(dict.fromkeys([*named, *files]))
+
+
+def _under(file: str, path: str) -> bool:
+    return file == path or file.startswith(path.rstrip("/") + "/")
+
+
+@functools.cache
+def staleness(commit: str, paths: tuple[str, ...] = MEASURED) -> str:
+    """Empty when ``paths``, the code a result depends on, are in this tree as they were at
+    ``commit`` (at each, for a pooled bench's several); else which file changed since. A tree
     measured with uncommitted changes is compared with its commit. The tree, not HEAD: tables
     written beside a change to src/ say so before it is committed, as a clean clone will."""
     if commit == "?":
@@ -107,8 +164,11 @@ def staleness(commit: str) -> str:
         sha = one.removesuffix("+dirty")
         if git("cat-file", "-e", f"{sha}^{{commit}}").returncode != 0:
             return f"; its commit {sha[:7]} is not in this clone"
-        if git("diff", "--quiet", sha, "--", *MEASURED).returncode != 0:
-            return f"; **stale since {sha[:7]}**: the code it measured changed after it"
+        changed = git("diff", "--name-only", sha, "--", *paths).stdout.split()
+        if changed:  # named in the order of ``paths``: the bench's own first
+            changed.sort(key=lambda f: next(i for i, p in enumerate(paths) if _under(f, p)))
+            more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+            return f"; **stale since {sha[:7]}**: {changed[0]}{more} changed after it"
     return ""
 
 
@@ -124,7 +184,7 @@ def cite(folders: list[str], doc: Path, each_run: bool = False) -> str:
             parts.append(link)
             continue
         commit, machine = provenance(folder)
-        parts.append(f"{link} ({machine}, {short(commit)}{staleness(commit)})")
+        parts.append(f"{link} ({machine}, {short(commit)}{staleness(commit, depends_on(folder))})")
     return "Results: " + "; ".join(parts) + "."
 
 

@@ -152,6 +152,31 @@ def test_a_table_typed_over_or_gone_stale_is_caught(tmp_path, monkeypatch):
     assert doc_tables.staleness("0" * 40).startswith("; its commit 0000000 is not in this clone")
 
 
+def test_a_result_is_stale_only_where_a_file_its_figures_depend_on_changed():
+    """A bench names what its figures depend on (DEPENDS_ON); its workloads add their own
+    files. A change elsewhere (the doctor, the docs) leaves its figures standing; the mark
+    names the file that changed."""
+    import doc_tables
+
+    folder = "2026-12-07_cpu-2core-epyc-autotune-sensors-180s-b"  # autotune_bench, 162dd440
+    paths = doc_tables.depends_on(folder)
+    assert {"src/feedrate/tuning", "src/feedrate/loader.py", "examples/sensor_store.py"} <= set(
+        paths
+    )
+    assert not any(doc_tables._under("src/feedrate/doctor.py", p) for p in paths)
+    commit = doc_tables.provenance(folder)[0]
+    # 79a3a1d9 changed the tuning loader after it was measured: stale, and the file named
+    stale = doc_tables.staleness(commit, paths)
+    assert stale.startswith(f"; **stale since {commit[:7]}**: src/feedrate/") and "changed" in stale
+    assert "src/feedrate/tuning/loader.py" in doc_tables.staleness(
+        commit, ("src/feedrate/tuning/loader.py",)
+    )
+    assert doc_tables.staleness(commit, ("LICENSE",)) == "", "a file that did not change"
+    # a folder whose command names no bench (measured before benches named their paths):
+    # all the code
+    assert doc_tables.depends_on("2026-11-30_cpu-2core-d") == doc_tables.MEASURED
+
+
 def test_each_result_folder_says_what_how_where_and_at_which_code():
     """A README in every folder: what was measured, the command, the machine and the code."""
     folders = sorted({RESULTS / path.split("/")[2] for path in _tracked()})  # a running bench: no
