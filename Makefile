@@ -1,4 +1,4 @@
-# make train | test | test-fast | sweep | bench | bench-check | doctor | lock | lint | format
+# make train | test | test-fast | sweep | bench | bench-full | bench-check | doctor | lock | lint | format
 # Each target sets up .venv from nothing on first use (pip, Python 3.10+).
 PYTHON ?= python3
 VENV := .venv
@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # would compile torch again, so make's commands keep it (see docs/install.md).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup train test test-fast sweep bench bench-check doctor lock lint format clean
+.PHONY: setup train test test-fast sweep bench bench-full clean-tree bench-check doctor lock lint format clean
 
 setup: $(STAMP)
 
@@ -34,15 +34,20 @@ test-fast: $(STAMP)
 sweep: $(STAMP)
 	$(PY) train.py -m sweep=loader
 
-# The headline benches, from a clean tree: each result folder records the commit, the machine
-# and the date, and a figure of uncommitted code would name a commit it was not measured at.
-bench: $(STAMP)
+# The headline benches (about 30 minutes here), from a clean tree: each result folder records
+# the commit, the machine and the date, and a figure of uncommitted code would name a commit it
+# was not measured at. bench-full: every workload of each bench (hours).
+bench: $(STAMP) clean-tree
+	$(PY) benchmarks/bench.py
+
+bench-full: $(STAMP) clean-tree
+	$(PY) benchmarks/bench.py --full
+
+clean-tree:
 	@git diff --quiet HEAD -- src conf benchmarks train.py examples || { \
 	  echo "make bench: src/, conf/, benchmarks/, examples/ or train.py has uncommitted changes:"\
 	       "commit them (or git stash) first, so the results name the code they measured" >&2; \
 	  exit 2; }
-	$(PY) benchmarks/loader_bench.py
-	$(PY) benchmarks/autotune_bench.py
 
 # The figures in the README and docs/benchmarks.md against the results they cite (nothing is
 # measured): the generated tables, stale marks included, every table under the one rule, and

@@ -342,6 +342,12 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--skip-sweep", action="store_true", help="reuse conf/loader/bench_*")
+    parser.add_argument(
+        "--reuse-presets",
+        action="store_true",
+        help="sweep only the workloads with no conf/loader/bench_<workload>.yaml (make bench:"
+        " the loader stage's, at the same commit)",
+    )
     parser.add_argument("--extra", nargs="*", default=[], help="overrides for every run")
     parser.add_argument("--sweep-extra", nargs="*", default=[], help="overrides for the sweep")
     parser.add_argument(
@@ -380,7 +386,11 @@ def main() -> int:
     print(f"machine: {machine}\noutput: {out}", flush=True)
     results = {}
     for workload in args.workloads:
-        sweep_s = None if args.skip_sweep else run_sweep(workload, out, args)["total"]
+        preset = ROOT / "conf" / "loader" / f"bench_{workload}.yaml"
+        reused = args.skip_sweep or (args.reuse_presets and preset.exists())
+        if reused:
+            print(f"[{workload}] no sweep: {preset.relative_to(ROOT)} as it is", flush=True)
+        sweep_s = None if reused else run_sweep(workload, out, args)["total"]
         rows: list[dict] = []
         for r in range(args.rounds):  # saved after every round: a cut-short bench still counts
             rows += run_round(r, workload, out, args)

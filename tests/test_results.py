@@ -224,3 +224,25 @@ def test_no_figure_is_typed_by_hand_in_the_readme_or_the_benchmarks_page():
         typed = re.sub(r"<!-- generated:.*?<!-- /generated -->", "", doc.read_text(), flags=re.S)
         lines = [line for line in typed.splitlines() if figure.search(line)]
         assert not lines, f"{doc.name}: {lines[:3]}"
+
+
+def test_make_bench_names_a_new_folder_each_run_and_keeps_each_stages_presets(
+    tmp_path, monkeypatch
+):
+    """A bench run again is a new folder (-b, -c), never a replacement; the stages are the
+    headline's three, each on the workloads its presets are kept for."""
+    import bench
+
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    first = bench.folder_for("loader", "2026-12-07", "cpu-2core-epyc")
+    assert first.name == "2026-12-07_cpu-2core-epyc-bench-loader"
+    first.mkdir()
+    second = bench.folder_for("loader", "2026-12-07", "cpu-2core-epyc")
+    assert second.name == "2026-12-07_cpu-2core-epyc-bench-loader-b"
+    second.mkdir()
+    assert bench.folder_for("loader", "2026-12-07", "cpu-2core-epyc").name.endswith("-loader-c")
+    stages = {s.name: s for s in bench.HEADLINE}
+    assert list(stages) == ["loader", "autotune", "engine"]
+    assert stages["loader"].workloads == ["synthetic_loader", "photos"]
+    assert stages["autotune"].workloads == ["photos", "docs"]
+    assert all((ROOT / "benchmarks" / s.script).exists() for s in (*bench.HEADLINE, *bench.FULL))
