@@ -117,9 +117,20 @@ HEADLINE = (
     Stage(
         "engine",
         "engine_bench.py",
-        ("--workloads", "catalog", "--repeats", "3", "--seconds", "3"),
-        "thread workers against worker processes, each at its best as its own sweep finds it,"
-        " on the in-memory catalog, in 3 alternating rounds",
+        (
+            "--workloads",
+            "catalog",
+            "--rows",
+            "process",
+            "thread",
+            "--repeats",
+            "3",
+            "--seconds",
+            "3",
+        ),
+        "thread workers against worker processes, each at its best as its own sweep finds it"
+        " (sweep.engines=[process], then [thread]), on the in-memory catalog, in 3 alternating"
+        " rounds",
     ),
 )
 

@@ -694,7 +694,114 @@ def readme_sample(doc: Path) -> str:
     return "```\n" + summary + "\n```\n\n" + cite([FIRST_RUN], doc) + "\n"
 
 
+def newest_bench(stage: str) -> str | None:
+    """The newest folder ``make bench``'s ``stage`` wrote (``<date>_<machine>-bench-<stage>``,
+    ``-b``...) that the tree holds, by when it was committed; None before the first."""
+    tracked = git("ls-files", "benchmarks/results/*/README.md").stdout.split()
+    found = [
+        Path(path).parent.name
+        for path in tracked
+        if re.search(rf"-bench-{stage}(-[a-z])?$", Path(path).parent.name)
+    ]
+    return max(found, key=lambda f: (added_at(f), f), default=None)
+
+
+def _no_bench(stage: str) -> str:
+    return f"No `make bench` has measured the {stage} stage yet: run `make bench`.\n"
+
+
+def headline_sweep(doc: Path) -> str:
+    """make bench's loader stage: the default sweep's time against its goal, and its preset
+    against PyTorch's defaults, the recipe and the grid's best, by the one rule."""
+    from sweep_time import DEFAULT_TARGET_S
+
+    from feedrate import stats
+
+    folder = newest_bench("loader")
+    if folder is None:
+        return _no_bench("loader")
+    bench = json.loads((RESULTS / folder / "bench.json").read_text())
+    rows = [
+        "| workload | sweep (goal) | tuned, samples/s | tuned / `default` | tuned / `recipe` |"
+        " tuned / the grid's best |",
+        "|---|---|---|---|---|---|",
+    ]
+    for workload, res in bench["results"].items():
+        m, r = res["median"], res["ratios"]
+        sweep = (bench.get("sweep_seconds") or {}).get(workload) or {}
+        total = sweep.get("total") if isinstance(sweep, dict) else sweep
+        met = "met" if total and total <= DEFAULT_TARGET_S else "missed"
+        took = f"{total:.0f} s ({DEFAULT_TARGET_S:.0f} s: {met})" if total else "-"
+        goal = TARGETS.get(workload, {}).get("tuned/best_grid")
+        grid = r.get("tuned/best_grid")
+        versus_grid = (
+            f"{ratio(grid)}, target {goal:g}: {stats.against(grid, goal)}"
+            if goal and isinstance(grid, dict)
+            else ratio(grid)
+        )
+        rows.append(
+            f"| {workload} | {took} | **{m['tuned']:,.0f}** | {ratio(r.get('tuned/default'))} |"
+            f" {ratio(r.get('tuned/recipe'))} | {versus_grid} |"
+        )
+    return cited(rows, [folder], doc)
+
+
+def headline_autotune(doc: Path) -> str:
+    """make bench's autotune stage: loader=autotune from scratch against the sweep's preset
+    and the recipe, whole runs, by the one rule."""
+    folder = newest_bench("autotune")
+    if folder is None:
+        return _no_bench("autotune")
+    first = (RESULTS / folder / "command.txt").read_text().split()
+    seconds = float(first[first.index("--seconds") + 1])
+    rows = [
+        f"| workload | rounds of {seconds:.0f} s | autotune / `recipe` |"
+        " autotune / the sweep's preset (target 0.95) | tuning s | choice / preset, steady |",
+        "|---|---|---|---|---|---|",
+    ]
+    for workload, res in json.loads((RESULTS / folder / "results.json").read_text()).items():
+        v = res["verdicts"]
+        kept = [x for x in (v["autotune_vs_tuned"], v["autotune_vs_recipe"]) if x]
+        tuning = v["tuning_s"]
+        rows.append(
+            f"| {workload} | {max((min(x['rounds']) for x in kept), default='-')} |"
+            f" {ratio(v['autotune_vs_recipe'])} | {judged(v['autotune_vs_tuned'], 0.95)} |"
+            f" {f'{min(tuning):.0f}-{max(tuning):.0f}' if tuning else '-'} |"
+            f" {ratio(v['choice_vs_tuned'])} |"
+        )
+    return cited(rows, [folder], doc)
+
+
+def headline_engine(doc: Path) -> str:
+    """make bench's engine stage: thread workers against worker processes, each swept."""
+    folder = newest_bench("engine")
+    if folder is None:
+        return _no_bench("engine")
+    report = json.loads((RESULTS / folder / "results.json").read_text())
+    rows = [
+        "| workload | processes (swept) | threads (swept) | threads / processes, samples/s |"
+        " threads / processes, peak PSS |",
+        "|---|---|---|---|---|",
+    ]
+    for workload, res in report["workloads"].items():
+        c = res["compare"]
+        shown = {}
+        for row in ("process", "thread"):
+            v, rate = res["presets"][row]["values"], c["medians"]["samples/s"].get(row, 0)
+            shown[row] = f"{v['num_workers']} x {v.get('prefetch_factor') or 2}: {rate:,.0f}/s"
+        memory = c["ratios"].get("thread/process peak PSS")
+        rows.append(
+            f"| {workload} | {shown['process']} | {shown['thread']} |"
+            f" {ratio(c['ratios'].get('thread/process samples/s'))} |"
+            f" {bare(memory) if memory else '-'} |"
+        )
+    return cited(rows, [folder], doc)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
+    "headline-sweep": headline_sweep,
+    "headline-autotune": headline_autotune,
+    "headline-engine": headline_engine,
     "readme-results": readme_results,
     "loader-bench-detail": loader_bench_detail,
     "autotune-sensors": functools.partial(autotune_runs, runs=SENSORS),

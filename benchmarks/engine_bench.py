@@ -326,6 +326,13 @@ def main() -> int:
     )
     parser.add_argument("--extra", nargs="*", default=[], help="overrides for every run")
     parser.add_argument("--sweep-extra", nargs="*", default=[], help="for the sweeps only")
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=list(SWEEPS),
+        choices=list(SWEEPS),
+        help="which sweeps (each a row): process and thread at least (make bench: those two)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
         "--summarise",
@@ -333,6 +340,8 @@ def main() -> int:
         help="recompute results.json, tables.md and engines.png from --out's runs.jsonl",
     )
     args = parser.parse_args()
+    if not {"process", "thread"} <= set(args.rows):
+        parser.error(f"--rows {' '.join(args.rows)}: process and thread are the comparison")
     if args.summarise:
         return summarise(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -345,8 +354,9 @@ def main() -> int:
     for workload in args.workloads:
         presets = {}
         for row in ("process", "thread", "both"):
-            presets[row] = sweep(workload, row, args.out, args, None)
-        if workload == "catalog" and args.budget_share:
+            if row in args.rows:
+                presets[row] = sweep(workload, row, args.out, args, None)
+        if workload == "catalog" and args.budget_share and "budget" in args.rows:
             need = presets["process"]["values"]["measured_on"].get("peak_pss_mb")
             budget_gb = args.budget_share * need / 1024
             print(f"[{workload}] the process winner needs {need:,.0f} MB: budget {budget_gb:.2f}")
