@@ -82,6 +82,28 @@ def _provenance(folder: str) -> tuple[str, str]:
     return said.get("commit", "?"), named[0].split(",")[0] if named else "not recorded"
 
 
+# A measured figure, as prose types one: a ratio (0.91x, 16x), an interval ([0.88, 1.19]), a
+# rate (1,234 samples/s), a range of ratios (0.90-0.95), a duration (435 s, 18 minutes, 2-3 h).
+FIGURE = re.compile(
+    r"\b\d+(?:\.\d+)?x\b"
+    r"|\[\d+(?:\.\d+)?, \d+(?:\.\d+)?\]"
+    r"|\b\d[\d,]*(?:\.\d+)? samples/s"
+    r"|\b\d+\.\d+-\d+\.\d+\b"
+    r"|\b\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)? ?(?:s|min|minutes|h|hours?|seconds)\b"
+)
+
+
+def typed_figures(text: str) -> list[str]:
+    """The lines of a Markdown text that type a measured figure by hand: outside the
+    generated blocks, code (a value in code is a setting: `sweep.budget_s=120`) and link
+    targets."""
+    text = re.sub(r"<!-- generated:.*?<!-- /generated -->", "", text, flags=re.S)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    return [line for line in text.splitlines() if FIGURE.search(line)]
+
+
 def git(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
 
@@ -798,7 +820,61 @@ def headline_engine(doc: Path) -> str:
     return cited(rows, [folder], doc)
 
 
+WORKED = (  # the tuning loader's worked example in docs/design.md: a run of a held-out bench
+    "2026-12-06_cpu-2core-epyc-autotune-audio-180s",
+    "audio/round0_autotune/metrics.json",
+)
+
+
+def _setting(s: dict) -> str:
+    threads = f", {s['main_threads']} main thread(s)" if s.get("main_threads") else ""
+    engine = "threads" if s.get("engine") == "thread" else "processes"
+    return f"{s['num_workers']} {engine} x {s.get('prefetch_factor') or 2}{threads}"
+
+
+def worked_example(doc: Path) -> str:
+    """One run's tuning, window by window: what each setting measured and cost, what the
+    model predicted from it, and what the prediction measured (its metrics.json's
+    ``autotune``, from the folder's archive)."""
+    folder, member = WORKED
+    with tarfile.open(RESULTS / folder / "raw.tar.gz") as archive:
+        at = json.load(archive.extractfile(member))["autotune"]
+    rows = [
+        "| window | setting | samples/s | data wait | a batch in a worker: wall / CPU |"
+        " the step a batch | seconds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i, t in enumerate(at["tried"], 1):
+        c = t.get("costs") or {}
+        cost = f"{c['worker_s'] * 1000:,.0f} / {c['worker_cpu_s'] * 1000:,.0f} ms" if c else "-"
+        step = f"{c['step_s'] * 1000:,.1f} ms" if c else "-"
+        rate = f"{t['samples_per_sec']:,.0f}" if t.get("samples_per_sec") else "failed"
+        rows.append(
+            f"| {i} | {_setting(t['setting'])} | {rate} | {t['data_wait_frac']:.0%} |"
+            f" {cost} | {step} | {t['seconds']:.1f} |"
+        )
+    rows += [
+        "",
+        "| predicted from | the prediction | bound by | predicted samples/s | measured | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in at["predictions"]:
+        measured = p.get("measured_samples_per_sec")
+        error = f"{p['error']:+.0%}" if p.get("error") is not None else "-"
+        rows.append(
+            f"| {_setting(p['from'])} | {_setting(p['setting'])} | {p['bound']} |"
+            f" {p['predicted_samples_per_sec']:,.0f} | {number(measured)} | {error} |"
+        )
+    rows += [
+        "",
+        f"Chosen: {_setting(at['chosen'])}, after {at['seconds']:.0f} s of tuning"
+        f" (a budget of {at['budget_s']:.0f} s).",
+    ]
+    return cited(rows, [folder], doc)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
+    "worked-example": worked_example,
     "headline-sweep": headline_sweep,
     "headline-autotune": headline_autotune,
     "headline-engine": headline_engine,
@@ -821,7 +897,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "suite-time": suite_time,
     "autotune-history": autotune_history,
 }
-DOCS = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "install.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def render(doc: Path) -> tuple[str, list[str]]:
