@@ -29,13 +29,15 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_S = 60.0
 MAX_BUDGET_S = 120.0
-BUDGET_SHARE = 1 / 12  # of trainer.max_seconds, at most: 15 s of a 3-minute run
+BUDGET_SHARE = 0.2  # of trainer.max_seconds, at most: 36 s of a 3-minute run
 
 
 def budget_seconds(trainer: DictConfig) -> float:
-    """``trainer.autotune.budget_s``, or 60 s, at most a twelfth of ``trainer.max_seconds``
-    (15 s of a 3-minute run: what slower settings train while they are measured is the
-    tuning's cost), at most 120 s."""
+    """``trainer.autotune.budget_s``, or 60 s, at most a fifth of ``trainer.max_seconds``, at
+    most 120 s. A budget's windows are a twentieth of it (:func:`~feedrate.tuning.loader.
+    window_seconds`): a twelfth of a 3-minute run (15 s, 1 s windows) chose 13 workers on the
+    held-out docs store where the preset had 30, after 21 workers' start-up filled their
+    window (benchmarks/results/2026-12-07_cpu-2core-epyc-autotune-docs-180s-d)."""
     asked = trainer.autotune.budget_s
     if asked is not None:
         return float(asked)

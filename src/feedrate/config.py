@@ -292,7 +292,7 @@ class AutotuneConfig:
     :class:`feedrate.tuning.TuningLoader`). Each setting it tries is a new DataLoader that
     goes on where the one before stopped in the epoch."""
 
-    # The tuning, in seconds of the run; null: 60, at most a twelfth of trainer.max_seconds, at
+    # The tuning, in seconds of the run; null: 60, at most a fifth of trainer.max_seconds, at
     # most 120; 0: no tuning. The run trains all along; the rest of it runs the setting chosen.
     budget_s: float | None = None
     # A setting whose loader delivers no batch for this many seconds has failed (a worker
