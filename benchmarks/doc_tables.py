@@ -65,16 +65,21 @@ def _provenance(folder: str) -> tuple[str, str]:
     results = path / "results.json"
     report = json.loads(results.read_text()) if results.exists() else {}
     commit = report.get("commit") or report.get("cwd_git")  # sweep_time.py's, host_start.py's
+    if isinstance(report.get("machine"), str):  # a summary's words: "2-core AMD EPYC VM, ..."
+        named = re.search(r"(AMD EPYC|Intel Xeon|H200|H100)", report["machine"])
+        return commit or said.get("commit", "?"), named[1] if named else report["machine"]
     if isinstance(report.get("machine"), dict) and commit:
-        return commit, report["machine"]["cpu_model"]
+        return commit, report["machine"].get("cpu_model") or report["machine"].get("cpu", "?")
     table = path / "table.md"
     lines = table.read_text().splitlines() if table.exists() else []
     machine = [line for line in lines if line.startswith("Machine: ")]
     if "commit" in said and machine:  # autotune_bench.py's tables name it
         return said["commit"], machine[0].removeprefix("Machine: ").split(" | ")[0]
-    with tarfile.open(path / "raw.tar.gz") as archive:
-        envs = [m for m in archive.getmembers() if m.name.endswith("environment.json")]
-        env = json.load(archive.extractfile(envs[0])) if envs else {}
+    env = {}
+    if (path / "raw.tar.gz").exists():
+        with tarfile.open(path / "raw.tar.gz") as archive:
+            envs = [m for m in archive.getmembers() if m.name.endswith("environment.json")]
+            env = json.load(archive.extractfile(envs[0])) if envs else {}
     if env:
         return said.get("commit", env.get("git_commit") or "?"), env["fingerprint"]["cpu_model"]
     readme = (path / "README.md").read_text().splitlines()  # the first benches: its words

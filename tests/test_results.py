@@ -177,14 +177,44 @@ def test_a_result_is_stale_only_where_a_file_its_figures_depend_on_changed():
     assert doc_tables.depends_on("2026-11-30_cpu-2core-d") == doc_tables.MEASURED
 
 
+def readme_problems(folder) -> list[str]:
+    """What a folder's README leaves out or gets wrong of what its data say: the command, the
+    machine (its CPU, as the data record it), the commit (each, of a pooled bench; or that
+    none was recorded) and the date (the folder's)."""
+    import doc_tables
+
+    text = (folder / "README.md").read_text()
+    commit, machine = doc_tables.provenance(folder.name)
+    problems = []
+    if not re.search(r"command|python |run\.sh|bash ", text, re.I):
+        problems.append("no command")
+    if commit == "?":
+        if "not recorded" not in text and not doc_tables.HASH.search(text):
+            problems.append("no commit, and does not say none was recorded")
+    else:
+        problems += [
+            f"commit {sha[:8]} not named"
+            for sha in (c.removesuffix("+dirty") for c in commit.split(", "))
+            if sha[:7] not in text
+        ]
+    cpu = machine.split(",")[0].strip()
+    if cpu != "not recorded" and cpu.lower() not in text.lower():
+        problems.append(f"the machine its data record, {cpu!r}, not named")
+    if folder.name[:10] not in text:
+        problems.append(f"its date, {folder.name[:10]}, not named")
+    return problems
+
+
 def test_each_result_folder_says_what_how_where_and_at_which_code():
-    """A README in every folder: what was measured, the command, the machine and the code."""
+    """A README in every folder names the command, the machine, the commit and the date, as
+    the folder's own data record them."""
     folders = sorted({RESULTS / path.split("/")[2] for path in _tracked()})  # a running bench: no
+    wrong = {}
     for folder in folders:
-        readme = folder / "README.md"
-        assert readme.exists(), f"{folder.name}: no README.md"
-        text = readme.read_text().lower()
-        assert "command" in text or "run.sh" in text or "python " in text, folder.name
+        assert (folder / "README.md").exists(), f"{folder.name}: no README.md"
+        wrong[folder.name] = readme_problems(folder)
+    wrong = {name: problems for name, problems in wrong.items() if problems}
+    assert not wrong, f"{len(wrong)} folders: {wrong}"
 
 
 def test_packing_refuses_a_name_the_archive_holds_and_a_symlink(tmp_path):
