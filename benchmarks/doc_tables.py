@@ -233,6 +233,8 @@ def ratio(r: dict | float | None, digits: int = 2) -> str:
     """A ratio as every table shows one: ``1.23x [1.10, 1.31] win`` (the one rule's words)."""
     if r is None:
         return "-"
+    if isinstance(r, str):  # what a row compared, said instead of a ratio
+        return r
     if isinstance(r, (int, float)):  # the first benches kept a ratio of medians alone
         return f"{r:.2f}x (medians: no interval, no claim)"
     if r.get("verdict") == "same settings":  # one contestant under two names
@@ -275,6 +277,35 @@ def judged(r: dict | float | None, goal: float | None) -> str:
     return target(r, goal) if goal is not None and has_interval else ratio(r)
 
 
+RETIRED = "(bootstrap of medians, the retired estimator: not the one rule)"
+
+
+def rule_ratios(res: dict) -> dict:
+    """A loader_bench workload's ratios under the one rule: those the first benches kept as a
+    bootstrap of medians (no ``confidence``) are judged again from their rounds
+    (``values``) where both sides kept them, and marked otherwise; a ceiling that is the
+    preset itself (the loader-only ceiling is the tuned preset's run) is said so, not
+    compared."""
+    from feedrate import stats
+
+    values, out = res.get("values") or {}, {}
+    for key, r in (res.get("ratios") or {}).items():
+        other = key.split("/", 1)[1]
+        if (
+            key == "tuned/ceiling"
+            and res.get("best_loader_only") == "tuned"
+            and (res.get("ceiling_kind") == "loader")
+        ):
+            out[key] = "the ceiling is this preset's own run"
+        elif isinstance(r, dict) and "confidence" not in r and r.get("verdict") != "same settings":
+            pair = values.get("tuned"), values.get(other)
+            versus = stats.compare(*pair) if all(pair) else None
+            out[key] = versus.as_dict() if versus else f"{ratio(r)} {RETIRED}"
+        else:
+            out[key] = r
+    return out
+
+
 def readme_results(doc: Path) -> str:
     """Every run of the loader benchmark, a row per workload: tuned against the baselines,
     the grid's best point and the ceiling."""
@@ -287,7 +318,7 @@ def readme_results(doc: Path) -> str:
         figures = json.loads((RESULTS / folder / name).read_text())
         commit, machine = provenance(folder)
         for workload, res in figures.get("results", figures).items():
-            m, r = res["median"], res["ratios"]
+            m, r = res["median"], rule_ratios(res)
             rows.append(
                 f"| {label(folder)} | {machine} |"
                 f" {short(commit)} | {workload} | {m.get('default', 0):,.0f} |"
@@ -312,7 +343,7 @@ def loader_bench_detail(doc: Path) -> str:
     for folder in folders:
         bench = json.loads((RESULTS / folder / "bench.json").read_text())
         for workload, res in bench["results"].items():
-            m, r = res["median"], res["ratios"]
+            m, r = res["median"], rule_ratios(res)
             t = res.get("settings", {}).get("tuned") or res.get("tuned_preset") or {}
             setting = f"{t.get('num_workers', '?')} x {t.get('prefetch_factor') or 2}"
             goals = TARGETS.get(workload, {})
@@ -493,6 +524,16 @@ def ranks_detail(doc: Path) -> str:
     return cited(rows, RANKS, doc)
 
 
+def _same_as_preset(res: dict, name: str | None) -> bool:
+    """The grid point ``name`` ran the per-rank preset's own settings (a tie of one setting
+    with itself, which says nothing of the tuning)."""
+    keys = ("num_workers", "prefetch_factor", "main_threads", "worker_threads")
+    runs = {r["name"]: r for r in res.get("rows", []) if r.get("ok")}
+    preset = next((r for n, r in runs.items() if n in ("tuned", "preset")), None)
+    point = runs.get(name) if name else None
+    return bool(preset and point) and all(preset.get(k) == point.get(k) for k in keys)
+
+
 def readme_ranks(doc: Path) -> str:
     """Every run of the 2-rank bench, each workload's preset / grid and / Lightning's."""
     rows = [
@@ -505,6 +546,8 @@ def readme_ranks(doc: Path) -> str:
             versus = res["verdicts"]["versus"]
             best, lightning = versus.get("best_grid"), versus.get("lightning")
             rounds = min(best["rounds"]) if best else "-"
+            if best and _same_as_preset(res, "best_grid"):
+                best = f"same settings ({res['tuned_settings']}): {ratio(best)}, noise alone"
             rows.append(
                 f"| {label(folder)} | {short(provenance(folder)[0])}"
                 f" | {workload} | {rounds} | {ratio(best)} | {ratio(lightning)} |"
