@@ -106,6 +106,7 @@ def typed_figures(text: str) -> list[str]:
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     text = re.sub(r"`[^`\n]*`", "", text)
     text = re.sub(r"\]\([^)]*\)", "]", text)
+    text = re.sub(r"\b\d{4}-\d\d-\d\d_[\w.-]+", "", text)  # a result folder's name
     return [line for line in text.splitlines() if FIGURE.search(line)]
 
 
