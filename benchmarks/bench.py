@@ -64,70 +64,30 @@ HEADLINE = (
     Stage(
         "loader",
         "loader_bench.py",
-        (
-            "--workloads",
-            "synthetic_loader",
-            "photos",
-            "--repeats",
-            "3",
-            "--seconds",
-            "3",
-            "--grid",
-            "4",
-            "32",
-            "--prefetch",
-            "2",
-            "--grid-seconds",
-            "3",
-            "--steady-seconds",
-            "0",
-            "--no-side-rows",
-        ),  # fmt: skip
+        tuple(
+            "--workloads synthetic_loader photos --repeats 3 --seconds 3 --grid 8 32"
+            " --prefetch 2 --grid-seconds 3 --steady-seconds 0 --no-side-rows --no-ceilings".split()
+        ),
         "the default loader sweep, timed, on a latency-bound workload (synthetic_loader) and a"
         " decode-bound one (photos), then its preset against `default`, `recipe` and a grid"
-        " of 4 and 32 workers in 3 alternating rounds",
+        " of 8 and 32 workers in 3 alternating rounds (no ceilings)",
     ),
     Stage(
         "autotune",
         "autotune_bench.py",
-        (
-            "--workloads",
-            "photos",
-            "docs",
-            "--reuse-presets",
-            "--contestants",
-            "autotune",
-            "tuned",
-            "recipe",
-            "--rounds",
-            "3",
-            "--seconds",
-            "60",
-            "--recipe-target",
-            "0.95",
-            "--cost-target",
-            "0.95",
-            "--tuning-seconds",
-            "15",
-        ),  # fmt: skip
-        "`loader=autotune` from scratch against the sweep's preset and `recipe`, 60 s runs"
+        tuple(
+            "--workloads photos docs --reuse-presets --contestants autotune tuned recipe"
+            " --rounds 3 --seconds 45 --recipe-target 0.95 --cost-target 0.95"
+            " --tuning-seconds 15".split()
+        ),
+        "`loader=autotune` from scratch against the sweep's preset and `recipe`, 45 s runs"
         " in 3 alternating rounds, on photos (the loader stage's preset) and docs (held out;"
         " its own sweep first)",
     ),
     Stage(
         "engine",
         "engine_bench.py",
-        (
-            "--workloads",
-            "catalog",
-            "--rows",
-            "process",
-            "thread",
-            "--repeats",
-            "3",
-            "--seconds",
-            "3",
-        ),
+        tuple("--workloads catalog --rows process thread --repeats 3 --seconds 2".split()),
         "thread workers against worker processes, each at its best as its own sweep finds it"
         " (sweep.engines=[process], then [thread]), on the in-memory catalog, in 3 alternating"
         " rounds",
@@ -186,6 +146,14 @@ def readme(stage: Stage, out: Path, began: datetime, ended: datetime) -> str:
     )
 
 
+def command_txt(stage: Stage, out: Path) -> str:
+    from feedrate.environment import git_commit
+    from feedrate.hardware import detect
+
+    command = " ".join(["python", *stage.command(out)])
+    return f"{command}\ncommit {git_commit()}\nmachine {detect().short()}\n"
+
+
 def presets_written(before: set[Path]) -> list[Path]:
     return sorted(set((ROOT / "conf" / "loader").glob("bench_*.yaml")) - before)
 
@@ -208,6 +176,8 @@ def run(stages: tuple[Stage, ...], dry_run: bool) -> int:
         status = subprocess.run(command, cwd=ROOT).returncode
         ended = datetime.now(timezone.utc)
         out.mkdir(parents=True, exist_ok=True)
+        if not (out / "command.txt").exists():  # what every folder says first (doc_tables)
+            (out / "command.txt").write_text(command_txt(stage, out))
         for preset in presets_written(keep):  # the presets it measured stay with it
             if any(
                 preset.stem.endswith(f"_{w}") or f"_{w}_" in preset.stem for w in stage.workloads

@@ -366,7 +366,7 @@ def measure_all(
         print(f"[{workload}] {twin} = {name}: same settings, measured as one from now on")
     live = {n: runs[n] for n in runs if n not in alias}
     # The ceilings, each alone with all the cores, in the same rounds as the contestants
-    if not loader_only:
+    if not loader_only and getattr(args, "ceilings", True):
         live |= first_ceilings(rows, {**grid, **runs}, measure)
     for r in range(1, args.repeats):
         if not budget.fits(len(live)):
@@ -980,6 +980,12 @@ def main() -> int:
         dest="side_rows",
         action="store_false",
         help="leave out the rows that are not contestants (memory reads off, other threads)",
+    )
+    parser.add_argument(
+        "--no-ceilings",
+        dest="ceilings",
+        action="store_false",
+        help="leave out the loader-only and compute-only runs (make bench: its headline has none)",
     )
     parser.add_argument("--sweep-extra", nargs="*", default=[], help="overrides for the sweep only")
     parser.add_argument(
