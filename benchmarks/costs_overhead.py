@@ -29,17 +29,6 @@ from feedrate.environment import git_commit
 from feedrate.hardware import detect
 from feedrate.threads import ThreadLoader
 
-# What this bench's figures depend on, besides its workloads' own files: a result is stale
-# (benchmarks/doc_tables.py) only where one of these changed after it was measured.
-DEPENDS_ON = (
-    "src/feedrate/loader.py",
-    "src/feedrate/threads.py",
-    "src/feedrate/meter.py",
-    "src/feedrate/batch.py",
-    "conf/loader",
-    "src/feedrate/costs.py",
-)
-
 TARGET = 0.99  # with costs / without: at most 1% of the rate
 WINDOW_S = 2.0
 

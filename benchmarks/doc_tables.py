@@ -7,15 +7,14 @@ A generated block sits between ``<!-- generated: NAME -->`` and ``<!-- /generate
 Markdown file; :data:`TABLES` says how each is written. Every block cites its folders under
 ``benchmarks/results/``, with the machine and the commit each was measured at, and says
 "stale since <commit>: <file> changed" where a file its figures depend on changed after that
-commit (:func:`depends_on`: the paths its bench names in ``DEPENDS_ON``, and its workloads'
-own files): the figure is of older code, until it is measured again. Nothing in a block is
-typed by hand; ``tests/test_results.py`` runs the check.
+commit (:func:`depends_on`: the paths ``benchmarks/depends.py`` names for its bench, and its
+workloads' own files): the figure is of older code, until it is measured again. Nothing in a
+block is typed by hand; ``tests/test_results.py`` runs the check.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import functools
 import json
 import os
@@ -26,6 +25,7 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
+from depends import DEPENDS_ON
 from loader_bench import TARGETS, WORKLOADS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,19 +126,6 @@ def short(commit: str) -> str:
     return ", ".join(shown)
 
 
-def _bench_depends(script: str) -> tuple[str, ...] | None:
-    """The ``DEPENDS_ON`` a bench script names (read, not imported), or None."""
-    path = ROOT / "benchmarks" / script
-    if not path.is_file():
-        return None
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "DEPENDS_ON" for t in node.targets
-        ):
-            return tuple(ast.literal_eval(node.value))
-    return None
-
-
 def workload_files(overrides: list[str]) -> list[str]:
     """The files a workload's overrides name: its dataset's and model's config (and the
     built-in dataset or model code they build), or the example module of its own dataset."""
@@ -156,14 +143,14 @@ def workload_files(overrides: list[str]) -> list[str]:
 
 @functools.cache
 def depends_on(folder: str) -> tuple[str, ...]:
-    """The paths a folder's figures depend on: those its bench names (``DEPENDS_ON`` in the
-    script its command.txt ran) and its workloads' own files (``--workloads``; every workload
+    """The paths a folder's figures depend on: those ``benchmarks/depends.py`` names for the
+    script its command.txt ran, and its workloads' own files (``--workloads``; every workload
     of ``benchmarks/loader_bench.py`` where it names none). :data:`MEASURED`, all the code,
     where no bench named its paths."""
     command = RESULTS / folder / "command.txt"
     words = command.read_text().splitlines()[0].split() if command.exists() else []
     script = next((Path(w).name for w in words if w.startswith("benchmarks/")), None)
-    named = _bench_depends(script) if script else None
+    named = DEPENDS_ON.get(script) if script else None
     if named is None:
         return MEASURED
     if "--workloads" in words:

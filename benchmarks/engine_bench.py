@@ -40,16 +40,6 @@ from pathlib import Path
 
 import yaml
 
-# What this bench's figures depend on, besides its workloads' own files: a result is stale
-# (benchmarks/doc_tables.py) only where one of these changed after it was measured.
-DEPENDS_ON = (
-    "src/feedrate/loader.py",
-    "src/feedrate/threads.py",
-    "src/feedrate/meter.py",
-    "src/feedrate/batch.py",
-    "conf/loader",
-)
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))

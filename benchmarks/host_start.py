@@ -3,21 +3,6 @@
 alternating rounds. Each round starts one of each and runs one trial in it: its wall seconds
 from start to answer, and the trial's peak PSS (forked hosts share pages with the server).
 
-# What this bench's figures depend on, besides its workloads' own files: a result is stale
-# (benchmarks/doc_tables.py) only where one of these changed after it was measured.
-DEPENDS_ON = (
-    "src/feedrate/tuning",
-    "src/feedrate/sweep",
-    "src/feedrate/loader.py",
-    "src/feedrate/threads.py",
-    "src/feedrate/autotune.py",
-    "src/feedrate/meter.py",
-    "conf/loader",
-    "conf/sweep",
-    "src/feedrate/trainer.py",  # a trial is a run: its start, warm-up and end
-    "src/feedrate/launch.py",
-    "src/feedrate/monitor.py",
-)
 
     python benchmarks/host_start.py [--rounds 7] [--out DIR]
 

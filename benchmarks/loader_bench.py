@@ -55,19 +55,6 @@ from feedrate.sweep.decide import resolved_settings, twins
 from feedrate.sweep.host import Host
 from feedrate.sweep.trial import Fresh, Runner, TrialResult, run_trial
 
-# What this bench's figures depend on, besides its workloads' own files: a result is stale
-# (benchmarks/doc_tables.py) only where one of these changed after it was measured.
-DEPENDS_ON = (
-    "src/feedrate/tuning",
-    "src/feedrate/sweep",
-    "src/feedrate/loader.py",
-    "src/feedrate/threads.py",
-    "src/feedrate/autotune.py",
-    "src/feedrate/meter.py",
-    "conf/loader",
-    "conf/sweep",
-)
-
 ROOT = Path(__file__).resolve().parents[1]
 
 SYNTHETIC = ["dataset=synthetic", "dataset.io_latency_ms=10", "dataset.dtype=float32"]

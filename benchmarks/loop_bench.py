@@ -24,23 +24,6 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-# What this bench's figures depend on, besides its workloads' own files: a result is stale
-# (benchmarks/doc_tables.py) only where one of these changed after it was measured.
-DEPENDS_ON = (
-    "src/feedrate/tuning",
-    "src/feedrate/sweep",
-    "src/feedrate/loader.py",
-    "src/feedrate/threads.py",
-    "src/feedrate/autotune.py",
-    "src/feedrate/meter.py",
-    "conf/loader",
-    "conf/sweep",
-    "src/feedrate/trainer.py",
-    "examples/plain_loop.py",
-    "examples/lightning_module.py",
-    "examples/hf_trainer.py",
-)
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 

@@ -38,20 +38,6 @@ from feedrate.environment import git_commit
 from feedrate.hardware import detect, usable_cores
 from feedrate.sweep.trial import Fresh, run_trial
 
-# What this bench's figures depend on, besides its workloads' own files: a result is stale
-# (benchmarks/doc_tables.py) only where one of these changed after it was measured.
-DEPENDS_ON = (
-    "src/feedrate/tuning",
-    "src/feedrate/sweep",
-    "src/feedrate/loader.py",
-    "src/feedrate/threads.py",
-    "src/feedrate/autotune.py",
-    "src/feedrate/meter.py",
-    "conf/loader",
-    "conf/sweep",
-    "src/feedrate/distributed.py",
-)
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loader_bench import MEASURE, WORKLOADS, grid_points, run_sweep  # noqa: E402

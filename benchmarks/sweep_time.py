@@ -23,22 +23,6 @@ from omegaconf import OmegaConf
 from feedrate.environment import git_commit
 from feedrate.hardware import detect
 
-# What this bench's figures depend on, besides its workloads' own files: a result is stale
-# (benchmarks/doc_tables.py) only where one of these changed after it was measured.
-DEPENDS_ON = (
-    "src/feedrate/tuning",
-    "src/feedrate/sweep",
-    "src/feedrate/loader.py",
-    "src/feedrate/threads.py",
-    "src/feedrate/autotune.py",
-    "src/feedrate/meter.py",
-    "conf/loader",
-    "conf/sweep",
-    "src/feedrate/trainer.py",  # a trial is a run: its start, warm-up and end
-    "src/feedrate/launch.py",
-    "src/feedrate/monitor.py",
-)
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loader_bench import (  # noqa: E402 - the bench's own sweep and fidelity runs
