@@ -474,7 +474,7 @@ def test_a_stream_switches_at_its_epochs_ends():
     assert len(loader.report()["tried"]) >= 2
 
 
-def test_the_preset_is_written_only_when_the_choice_beats_the_start(tmp_path):
+def test_the_preset_records_a_choice_that_beats_the_start(tmp_path):
     preset = tmp_path / "sensor.yaml"
     loader = tuning_loader(Indices(240), preset=str(preset))
     for _ in range(10):  # epochs, until it chooses
@@ -500,7 +500,12 @@ def test_the_preset_is_written_only_when_the_choice_beats_the_start(tmp_path):
         tuning_loader(Indices(240), preset=str(preset))
 
 
-def test_no_preset_when_the_start_is_kept(tmp_path):
+def test_a_start_that_holds_is_written_so_the_next_run_checks_it_rather_than_searching(
+    tmp_path,
+):
+    """The start, measured here for the first time, beat every setting tried: the run writes
+    it with its figure, and the next run starts from it with that figure to check against
+    (loader=auto's first run leaves a preset whatever it chose)."""
     preset = tmp_path / "kept.yaml"
     loader = tuning_loader(Indices(240), preset=str(preset), wider_is_slower=True)
     for _ in range(10):
@@ -510,7 +515,12 @@ def test_no_preset_when_the_start_is_kept(tmp_path):
     report = loader.report()
     assert len(report["tried"]) >= 2  # it searched, and the wider settings read slower
     assert report["chosen"] == report["start"] and "the start" in report["reason"]
-    assert not preset.exists() and report["preset"] is None
+    assert report["preset"] == str(preset)
+    again = tuning_loader(Indices(240), preset=str(preset))
+    start = report["start"]
+    assert again.climb.start == Setting(start["num_workers"], start["prefetch_factor"])
+    measured = max(f.samples_per_sec for f in loader.figures if f.setting == loader.climb.start)
+    assert again.climb.recorded == pytest.approx(measured, abs=0.05)
 
 
 def test_a_checkpoint_after_an_epochs_last_batch_resumes_into_the_next_epoch():

@@ -303,7 +303,7 @@ class AutotuneConfig:
     max_workers: int | None = None  # the machine's; null: 8 per core, between 64 and 256
     from_preset: bool = True  # false: search even where a preset was measured here
     preset_name: str | None = None  # conf/loader/<name>.yaml; null: autotuned_<cores>core_<cpu|gpu>
-    # Written only where the choice measured at least 10% faster than the start
+    # The choice, or the start where it held beside settings that all ran (not a preset that holds)
     write_preset: bool = True
     overwrite: bool = False  # replace a preset feedrate did not write
     # When the drift guard sees the data wait rise: warn, or tune again at the next epoch start

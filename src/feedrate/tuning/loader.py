@@ -500,11 +500,21 @@ class TuningLoader(Saved):
             log.info(
                 "autotune_loader chose %s: %s", self.choice.setting.describe(), self.choice.reason
             )
-            if self.preset is not None and self.choice.beats_start:
+            if self.preset is not None and self._worth_a_preset():
                 self.written = self.preset.write(self.choice, self.figures)
         switch = self.choice.setting != self.current
         self.current = self.choice.setting
         return switch
+
+    def _worth_a_preset(self) -> bool:
+        """The choice beats the start; or the start held, measured here for the first time
+        (no preset recorded its rate) beside settings that all ran: written, so the next run
+        checks it rather than tuning again. A start that held only because the others failed
+        is no measurement of the data, and writes nothing."""
+        assert self.choice is not None
+        if self.choice.beats_start:
+            return True
+        return self.climb.recorded is None and not any(f.failed for f in self.figures)
 
     def _spent_now(self) -> float:
         """Tuning seconds so far: the epochs before, and this one up to now."""
