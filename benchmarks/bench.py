@@ -66,23 +66,25 @@ HEADLINE = (
         "loader_bench.py",
         tuple(
             "--workloads synthetic_loader photos --repeats 3 --seconds 3 --grid 8 32"
-            " --prefetch 2 --grid-seconds 3 --steady-seconds 0 --no-side-rows --no-ceilings".split()
+            " --prefetch 2 --grid-seconds 3 --steady-seconds 0 --no-side-rows --no-ceilings"
+            " --baselines default recipe".split()
         ),
         "the default loader sweep, timed, on a latency-bound workload (synthetic_loader) and a"
         " decode-bound one (photos), then its preset against `default`, `recipe` and a grid"
-        " of 8 and 32 workers in 3 alternating rounds (no ceilings)",
+        " of 8 and 32 workers in 3 alternating rounds (no ceilings, no `cpu_capped`)",
     ),
     Stage(
         "autotune",
         "autotune_bench.py",
         tuple(
             "--workloads photos docs --reuse-presets --contestants autotune tuned recipe"
-            " --rounds 3 --seconds 45 --recipe-target 0.95 --cost-target 0.95"
-            " --tuning-seconds 15".split()
+            " --rounds 3 --seconds 40 --recipe-target 0.95 --cost-target 0.95"
+            " --tuning-seconds 15 --extra trainer.steady_state=false".split()
         ),
-        "`loader=autotune` from scratch against the sweep's preset and `recipe`, 45 s runs"
+        "`loader=autotune` from scratch against the sweep's preset and `recipe`, 40 s runs"
         " in 3 alternating rounds, on photos (the loader stage's preset) and docs (held out;"
-        " its own sweep first)",
+        " its own sweep first); each run's warm-up its first 20 steps"
+        " (`trainer.steady_state=false`, every contestant alike)",
     ),
     Stage(
         "engine",

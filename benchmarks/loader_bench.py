@@ -200,6 +200,9 @@ def decode_variant(preset: dict, workload: str) -> tuple[str, list[str]] | None:
     return f"{DECODE}{other}", [f"loader.decode={other}"]
 
 
+BASELINES = ("default", "recipe", "cpu_capped")
+
+
 def contestants(preset: str, cores: int) -> dict[str, list[str]]:
     """Name -> overrides, in the order that names a merged row (``tuned = cpu_capped``)."""
     out = {
@@ -299,6 +302,7 @@ def measure_all(
 ) -> dict:
     base = [*WORKLOADS[workload], *MEASURE, *args.extra]
     runs = contestants(preset_name(workload, args), cores)
+    runs = {k: v for k, v in runs.items() if k == "tuned" or k in args.baselines}
     grid = grid_points(args.grid, args.prefetch)
     runners = Runners(out / workload, args.fresh)
     rows: list[dict] = []
@@ -974,6 +978,14 @@ def main() -> int:
         action="store_false",
         help="leave out the loader-only and compute-only runs (make bench: its headline has none)",
     )
+    parser.add_argument(
+        "--baselines",
+        nargs="+",
+        default=list(BASELINES),
+        choices=list(BASELINES),
+        help="what the tuned preset runs against in the rounds, beside the grid's best"
+        " (make bench: default recipe, the ones its headline shows)",
+    )
     parser.add_argument("--sweep-extra", nargs="*", default=[], help="overrides for the sweep only")
     parser.add_argument(
         "--fresh",
@@ -1037,6 +1049,7 @@ def main() -> int:
         "grid": {"num_workers": args.grid, "prefetch_factor": args.prefetch},
         "grid_seconds": args.grid_seconds,
         "extra": args.extra,
+        "baselines": args.baselines,
         "seconds_per_run": args.seconds,
         "steady_seconds": args.steady_seconds,
         "budget_seconds": args.budget,
