@@ -119,9 +119,10 @@ def machine_slug() -> str:
     )
 
 
-def folder_for(stage: str, day: str, machine: str) -> Path:
-    """A new folder's path: ``-b``, ``-c``... after a name already taken."""
-    base = RESULTS / f"{day}_{machine}-bench-{stage}"
+def folder_for(name: str, day: str, machine: str) -> Path:
+    """A new folder's path, ``<day>_<machine>-<name>``: ``-b``, ``-c``... after a name
+    already taken (a run again is a new row)."""
+    base = RESULTS / f"{day}_{machine}-{name}"
     path, suffix = base, "b"
     while path.exists():
         path = base.with_name(f"{base.name}-{suffix}")
@@ -168,7 +169,7 @@ def run(stages: tuple[Stage, ...], dry_run: bool) -> int:
     started = time.monotonic()
     keep = set((ROOT / "conf" / "loader").glob("bench_*.yaml"))  # a user's, left alone
     for i, stage in enumerate(stages, 1):
-        out = folder_for(stage.name, day, machine)
+        out = folder_for(f"bench-{stage.name}", day, machine)
         command = [sys.executable, *stage.command(out)]
         print(f"\n== make bench {i}/{len(stages)}: {stage.name} -> {out.relative_to(ROOT)}")
         print("   " + " ".join(["python", *stage.command(out)]), flush=True)

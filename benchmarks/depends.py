@@ -25,6 +25,17 @@ ENGINE = (
     "src/feedrate/batch.py",
     "conf/loader",
 )
+SUITE = (  # the CI job's time: the code, the tests and how they are set up
+    "tests",
+    "src",
+    "conf",
+    "examples",
+    "train.py",
+    "Makefile",
+    "pyproject.toml",
+    "requirements.lock",
+    ".ci",
+)
 DEPENDS_ON = {  # bench script -> paths
     "autotune_bench.py": TUNER,
     "loader_bench.py": TUNER,
@@ -42,4 +53,5 @@ DEPENDS_ON = {  # bench script -> paths
     "engine_bench.py": (*ENGINE, "examples/catalog_store.py"),
     "engine_libraries.py": (*ENGINE, "src/feedrate/stream.py"),
     "costs_overhead.py": (*ENGINE, "src/feedrate/costs.py"),
+    "suite_time.py": SUITE,
 }

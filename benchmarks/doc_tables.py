@@ -25,7 +25,7 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
-from depends import DEPENDS_ON
+from depends import DEPENDS_ON, SUITE
 from loader_bench import TARGETS, WORKLOADS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -702,27 +702,42 @@ def sweep_time(doc: Path) -> str:
     return cited(rows, SWEEPS, doc)
 
 
-SUITES = ["2026-12-05_cpu-2core-suite", "2026-12-05_cpu-2core-xeon-suite"]  # make test's time
+SUITE_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}_.*-suite(-[b-z])?$")  # suite_time.py's
+
+
+def suites() -> list[str]:
+    """The folders of the CI job's time (make test from a clean clone), oldest first: the
+    tree's, by name (benchmarks/suite_time.py writes each run's)."""
+    tracked = git("ls-files", "benchmarks/results/*/results.json").stdout.split()
+    return sorted(
+        {Path(p).parent.name for p in tracked if SUITE_FOLDER.match(Path(p).parent.name)},
+        key=lambda name: (name[:10], len(name), name),
+    )
 
 
 def _clean_clones() -> list[tuple[str, str, dict]]:
     """(folder, machine, run) for every clean-clone run of the CI job, in the order run."""
     out = []
-    for folder in SUITES:
+    for folder in suites():
         report = json.loads((RESULTS / folder / "results.json").read_text())
         machine = report["machine"].split(",")[0].split(" (")[0]
+        named = re.search(r"(AMD EPYC|Intel Xeon)", machine)
+        if " | " in machine:  # suite_time.py records the fingerprint: "AMD EPYC 7B13 | 2 ..."
+            cores = re.search(r"\((\d+) usable\)", machine)
+            machine = f"{cores[1] if cores else '?'}-core {named[1] if named else machine} VM"
         out += [(folder, machine, run) for run in report["clean_clone"]]
     return out
 
 
 def suite_summary(doc: Path) -> str:
-    """The newest clean-clone run of the CI job on each machine, a line each."""
+    """The newest clean-clone run of the CI job on each machine, a line each, stale where the
+    code, the tests or their set-up changed after it (depends.py's SUITE)."""
     newest: dict[str, tuple[str, dict]] = {}
     for folder, machine, run in _clean_clones():
         newest[machine] = (folder, run)
     lines = [
         f"- {machine}: **{run['real_s']:.1f} s** in all, {run['tests_s']:.1f} s of tests"
-        f" ({run['passed']} passed), at {run['code'][:7]}"
+        f" ({run['passed']} passed), at {run['code'][:7]}{staleness(run['code'], SUITE)}"
         for machine, (_, run) in newest.items()
     ]
     folders = list(dict.fromkeys(f for f, _ in newest.values()))
@@ -740,7 +755,7 @@ def suite_time(doc: Path) -> str:
             f"| {machine} | {run['code'][:7]} | {run['real_s']:.1f} | {run['tests_s']:.1f} |"
             f" {run['install_s']:.1f} | {run['passed']} | {run.get('note', '')} |"
         )
-    return cited(rows, SUITES, doc, each_run=True)
+    return cited(rows, suites(), doc, each_run=True)
 
 
 FIRST_RUN = "2026-12-05_cpu-2core-xeon-first-run"  # `python train.py`, the default job

@@ -185,6 +185,30 @@ def test_a_result_is_stale_only_where_a_file_its_figures_depend_on_changed():
     assert doc_tables.depends_on("2026-11-30_cpu-2core-d") == doc_tables.MEASURED
 
 
+def test_the_suites_time_is_stale_once_the_code_the_tests_or_their_set_up_changed():
+    """The CI job's time (benchmarks/suite_time.py) depends on everything make test runs: a
+    run is marked stale, naming the file, once any of it changed after the run's commit."""
+    import doc_tables
+    import suite_time
+    from depends import SUITE
+
+    last = "===== 1 failed, 529 passed, 3 skipped, 2 warnings in 606.28s (0:10:06) ====="
+    assert suite_time.pytest_summary(["collected", last, ""]) == {
+        "tests_s": 606.28,
+        "passed": 529,
+        "failed": 1,
+        "skipped": 3,
+    }
+    assert suite_time.pytest_summary(["make: *** [Makefile:29: test] Error 2"])["tests_s"] is None
+    assert {"tests", "src", "Makefile", "pyproject.toml", ".ci"} <= set(SUITE)
+    folder, machine, run = doc_tables._clean_clones()[0]  # 2026-12-05, at af9d82e
+    assert machine == "2-core AMD EPYC VM" and folder in doc_tables.suites()
+    stale = doc_tables.staleness(run["code"], SUITE)
+    assert stale.startswith(f"; **stale since {run['code'][:7]}**: ") and "changed" in stale
+    assert doc_tables.staleness(run["code"], ("LICENSE",)) == ""
+    assert "stale since" in doc_tables.suite_summary(ROOT / "README.md")
+
+
 def readme_problems(folder) -> list[str]:
     """What a folder's README leaves out or gets wrong of what its data say: the command, the
     machine (its CPU, as the data record it), the commit (each, of a pooled bench; or that
@@ -284,13 +308,15 @@ def test_make_bench_names_a_new_folder_each_run_and_keeps_each_stages_presets(
     import bench
 
     monkeypatch.setattr(bench, "RESULTS", tmp_path)
-    first = bench.folder_for("loader", "2026-12-07", "cpu-2core-epyc")
+    first = bench.folder_for("bench-loader", "2026-12-07", "cpu-2core-epyc")
     assert first.name == "2026-12-07_cpu-2core-epyc-bench-loader"
     first.mkdir()
-    second = bench.folder_for("loader", "2026-12-07", "cpu-2core-epyc")
+    second = bench.folder_for("bench-loader", "2026-12-07", "cpu-2core-epyc")
     assert second.name == "2026-12-07_cpu-2core-epyc-bench-loader-b"
     second.mkdir()
-    assert bench.folder_for("loader", "2026-12-07", "cpu-2core-epyc").name.endswith("-loader-c")
+    assert bench.folder_for("bench-loader", "2026-12-07", "cpu-2core-epyc").name.endswith(
+        "-loader-c"
+    )
     stages = {s.name: s for s in bench.HEADLINE}
     assert list(stages) == ["loader", "autotune", "engine"]
     assert stages["loader"].workloads == ["synthetic_loader", "photos"]
