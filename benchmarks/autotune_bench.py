@@ -335,7 +335,9 @@ def main() -> int:
         help="sweep only the workloads with no conf/loader/bench_<workload>.yaml (make bench:"
         " the loader stage's, at the same commit)",
     )
-    parser.add_argument("--extra", nargs="*", default=[], help="overrides for every run")
+    parser.add_argument(
+        "--extra", nargs="*", default=[], help="overrides for every contestant's run, not the sweep"
+    )
     parser.add_argument("--sweep-extra", nargs="*", default=[], help="overrides for the sweep")
     parser.add_argument(
         "--summarise", type=Path, default=None, metavar="OUT", help="only redo OUT's tables"
@@ -377,7 +379,9 @@ def main() -> int:
         reused = args.skip_sweep or (args.reuse_presets and preset.exists())
         if reused:
             print(f"[{workload}] no sweep: {preset.relative_to(ROOT)} as it is", flush=True)
-        sweep_s = None if reused else run_sweep(workload, out, args)["total"]
+        # the default sweep: --extra is the contestants' runs', --sweep-extra the sweep's
+        sweeping = argparse.Namespace(**{**vars(args), "extra": []})
+        sweep_s = None if reused else run_sweep(workload, out, sweeping)["total"]
         rows: list[dict] = []
         for r in range(args.rounds):  # saved after every round: a cut-short bench still counts
             rows += run_round(r, workload, out, args)

@@ -8,9 +8,8 @@ import threading
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from feedrate.config import Measure
+from feedrate.config import Measure, TrainerConfig
 from feedrate.drift import DriftGuard
 from feedrate.meter import Meter, WarmUp
 
@@ -49,7 +48,7 @@ def trainer(**over):
         "abandon_below": None,
         "stream": False,
     }
-    return OmegaConf.create({**cfg, **over})
+    return TrainerConfig(**{**cfg, **over})
 
 
 class Run:
@@ -234,8 +233,8 @@ def test_measuring_ends_at_the_first_window_end_past_max_seconds():
 
 class _Collective:
     """Two ranks' calls at the same steps, each rank in its own thread, as gloo pairs them:
-    ``flag`` gives rank 0's value to both (distributed.flag), ``every`` whether both hold
-    (distributed.every)."""
+    ``flag`` gives rank 0's value to both (Ranks.agree), ``every`` whether both hold
+    (Ranks.every)."""
 
     def __init__(self) -> None:
         self.barrier, self.values = threading.Barrier(2, timeout=10), [False, False]
@@ -257,8 +256,8 @@ class _Collective:
 def test_under_torchrun_every_rank_measures_the_same_steps_from_the_last_warm_up():
     """Rank 1 steps twice as fast and has a longer start-up backlog: on its own it would
     measure from another step, and run out of time at another. The window opens once every
-    rank's warm-up is over (distributed.every; rank 0's alone would have measured rank 1
-    still eating its backlog), and ends at rank 0's word (distributed.flag): both ranks
+    rank's warm-up is over (Ranks.every; rank 0's alone would have measured rank 1
+    still eating its backlog), and ends at rank 0's word (Ranks.agree): both ranks
     measure the same steps."""
     both = _Collective()
     ranks = [
@@ -480,3 +479,49 @@ def test_the_summary_says_n_a_for_figures_nothing_measured():
     )
     assert "samples/s        n/a" in text and "data wait        n/a of step time" in text
     assert "memory (PSS)     812 MB peak over 3 processes" in text
+
+
+def test_the_run_meter_starts_its_figures_again_when_its_loader_says_the_tuning_ended():
+    """A loader that tunes itself says when its tuning ends or starts again; the run's meter
+    starts its figures again after the step it heard it in (between steps, at once), with
+    the whole run's time left, and the first batch carried over. A plain loader says
+    nothing: one stretch, measured for ``max_seconds`` after its warm-up."""
+    from feedrate.meter import RunMeter
+
+    clock, made = Clock(), []
+
+    class Tuning:
+        def subscribe(self, listener) -> bool:
+            self.listener = listener
+            return True  # tuning now
+
+    def figures(max_seconds, tuning):
+        made.append((max_seconds, tuning))
+        return Meter(
+            trainer(max_seconds=max_seconds),
+            total=100,
+            start=0,
+            backlog=0,
+            window_steps=4,
+            measure=Measure.train,
+            produced=lambda: None,
+            monitor=Monitor(),
+            clock=clock,
+        )
+
+    loader = Tuning()
+    meter = RunMeter(figures, 10.0, 0, loader, clock=clock)
+    assert made == [(10.0, True)]
+    meter.epoch_started()
+    meter.step_started()
+    clock.now += 1.0
+    loader.listener.tuning_ended()  # inside the step (its batch's __next__): after it
+    assert len(made) == 1
+    meter.batch_arrived()
+    assert meter.step_done(1, 8) is False
+    assert made[1] == (pytest.approx(9.0), False)  # the whole run's 10 s, less the 1 s gone
+    loader.listener.tuning_started()  # between steps: at once
+    assert made[2][1] is True and meter.now.first_batch_s == pytest.approx(1.0)
+    made.clear()
+    RunMeter(figures, 10.0, 0, object(), clock=clock)
+    assert made == [(10.0, False)]

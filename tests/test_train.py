@@ -230,6 +230,7 @@ class _BackloggedLoader:
 
 
 def test_prefetched_backlog_is_not_reported_as_throughput(compose):
+    from feedrate.config import trainer_spec
     from feedrate.hardware import Hardware
     from feedrate.metrics import summarise
     from feedrate.model import TinyCNN
@@ -246,7 +247,7 @@ def test_prefetched_backlog_is_not_reported_as_throughput(compose):
             loader=_BackloggedLoader(),
             optimizer=build_optimizer(cfg.trainer, model),
             hw=hw,
-            cfg=cfg.trainer,
+            cfg=trainer_spec(cfg.trainer),
             monitor=monitor,
             normalise=make_input_transform(hw, 3),
         )

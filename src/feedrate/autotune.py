@@ -243,6 +243,10 @@ def tuning_loader(
         engine=args.get("engine") or PROCESS,
         engines=_engines(at),
         split_threads=split_threads(cfg, hw),
+        # trainer.autotune.on_drift=retune: tune again where the run's meter says it fell behind
+        retune_on_drift=at.max_retunes
+        if getattr(at.on_drift, "value", at.on_drift) == "retune"
+        else 0,
     )
     return loader, candidates
 

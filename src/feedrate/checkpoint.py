@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from feedrate.config import TrainerConfig
 from feedrate.errors import ConfigError
 from feedrate.files import save_checkpoint
 
@@ -34,7 +35,7 @@ class Position:
     autotune: dict | None = None  # loader=autotune's tuning, while or after it ran
 
 
-def checkpoint_path(out_dir: Path, trainer: DictConfig) -> Path:
+def checkpoint_path(out_dir: Path, trainer: TrainerConfig) -> Path:
     """``<run dir>/<trainer.checkpoint_dir>/last.pt``, refused if it leaves the run dir."""
     out_dir = out_dir.resolve()
     path = (out_dir / trainer.checkpoint_dir / FILENAME).resolve()

@@ -14,9 +14,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from feedrate.config import METRIC_NAMES
 from feedrate.dataset import GuardedDataset, RunSplit
 from feedrate.errors import ConfigError
-from feedrate.metrics import METRIC_NAMES
 from feedrate.targets import own_parts
 
 # Dataset keys that are counts or sizes, across the built-in datasets.

@@ -435,6 +435,28 @@ class SweepConfig:
     divided: str | None = None
 
 
+# Metrics train.py can return to a sweeper (`objective=`); all are in metrics.json.
+METRIC_NAMES = (
+    "samples_per_sec",
+    "consumed_samples_per_sec",
+    "produced_samples_per_sec",
+    "epoch_restart_s",
+    "cpu_util",
+    "other_cpu_frac",
+    "peak_shm_mb",
+    "window_spread",
+    "data_wait_frac",
+    "first_batch_s",
+    "step_time_p50_ms",
+    "step_time_p90_ms",
+    "final_loss",
+    "train_accuracy",
+    "val_loss",
+    "val_accuracy",
+    "peak_pss_mb",
+)
+
+
 @dataclass
 class TrainConfig:
     dataset: Any = MISSING
@@ -445,6 +467,19 @@ class TrainConfig:
     # Which metric train.py returns, so a Hydra sweeper can optimise it.
     objective: str = "samples_per_sec"
     sweep: SweepConfig | None = None
+
+
+def trainer_spec(node: Any) -> TrainerConfig:
+    """The composed ``trainer`` node as plain typed values (:class:`TrainerConfig`, its
+    interpolations resolved), made once where the run is built: the loop, the meter and the
+    tuning take these, not the config."""
+    if isinstance(node, TrainerConfig):
+        return node
+    from omegaconf import OmegaConf
+
+    spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainerConfig), node))
+    assert isinstance(spec, TrainerConfig)
+    return spec
 
 
 def register_configs() -> None:

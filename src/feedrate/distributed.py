@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,17 +23,31 @@ from torch.utils.data import DistributedSampler
 
 from feedrate.errors import ConfigError
 from feedrate.hardware import Hardware
-from feedrate.metrics import window_spread
+from feedrate.stats import window_spread
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Ranks:
+    """Where this process stands among the job's: its rank, how many there are, and how many
+    share its node. Under torch.distributed, rank 0 decides and every rank takes its word at
+    the same step (:meth:`agree`, :meth:`share`), on the CPU: a gloo group beside NCCL, so no
+    device sync is paid for the flags that steer the loop."""
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1
+
+    @classmethod
+    def current(cls) -> Ranks:
+        """The process group the loop runs in (torchrun's, Lightning's, the HF Trainer's)."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return cls()
+        world = dist.get_world_size()
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        return cls(dist.get_rank(), world, int(os.environ.get("LOCAL_RANK", 0)), local)
 
     @property
     def enabled(self) -> bool:
@@ -41,6 +56,60 @@ class Ranks:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def agree(self, value: bool) -> bool:
+        """Rank 0's ``value`` on every rank: a one-integer broadcast on the CPU."""
+        if not self.enabled:
+            return value
+        box = torch.tensor([1 if value else 0], dtype=torch.int32)
+        dist.broadcast(box, src=0, group=_control())
+        return bool(box.item())
+
+    def every(self, value: bool) -> bool:
+        """Is ``value`` true on every rank: a one-integer all-reduce (MIN) on the CPU."""
+        if not self.enabled:
+            return value
+        box = torch.tensor([1 if value else 0], dtype=torch.int32)
+        dist.all_reduce(box, op=dist.ReduceOp.MIN, group=_control())
+        return bool(box.item())
+
+    def share(self, value: Any) -> Any:
+        """Rank 0's ``value`` (any picklable object) on every rank."""
+        if not self.enabled:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=_control())
+        return box[0]
+
+    def gather(self, value: Any) -> list:
+        """Every rank's ``value``, on every rank."""
+        if not self.enabled:
+            return [value]
+        every: list = [None] * self.world_size
+        dist.all_gather_object(every, value)
+        return every
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+
+# the gloo group of the ranks' flags beside NCCL, and the default group it was made in
+_CONTROL: tuple[Any, Any] = (None, None)
+
+
+def _control() -> Any:
+    """The group the flags travel on: the default one (None) where it is gloo; else a gloo
+    group of its own, made by :func:`setup` or, in a loop of your own (its group may be
+    NCCL's, which wants CUDA tensors), at the first question, which every rank asks at the
+    same step; made again for a new default group."""
+    global _CONTROL
+    if dist.get_backend() == "gloo":
+        return None
+    world, group = _CONTROL
+    if group is None or world is not dist.group.WORLD:
+        _CONTROL = (dist.group.WORLD, dist.new_group(backend="gloo"))
+    return _CONTROL[1]
 
 
 def from_env() -> Ranks:
@@ -74,12 +143,9 @@ def setup(ranks: Ranks, hw: Hardware) -> Hardware:
             )
         torch.cuda.set_device(ranks.local_rank)
         hw = dataclasses.replace(hw, device=torch.device("cuda", ranks.local_rank))
-    global _CONTROL
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if hw.is_cuda else "gloo")
-    # Flags that steer the loop (loader=autotune's switches) travel on the CPU: a gloo group
-    # beside NCCL, so no device sync is paid for them. Every rank creates it, in this order.
-    _CONTROL = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+    _control()  # the flags' group, made by every rank here, in this order
     log.info(
         "rank %d of %d (local %d of %d) on %s, backend %s",
         ranks.rank,
@@ -186,50 +252,8 @@ def shm_per_host(every: list[dict]) -> float | None:
     return sum(per_host.values())
 
 
-_CONTROL = None  # the gloo group of flag(), under NCCL
-
-
-def flag(value: bool, ranks: Ranks) -> bool:
-    """Rank 0's ``value`` on every rank: a one-integer broadcast on the CPU."""
-    if not ranks.enabled:
-        return value
-    box = torch.tensor([1 if value else 0], dtype=torch.int32)
-    dist.broadcast(box, src=0, group=_CONTROL)
-    return bool(box.item())
-
-
-def every(value: bool, ranks: Ranks) -> bool:
-    """Is ``value`` true on every rank: a one-integer all-reduce (MIN) on the CPU."""
-    if not ranks.enabled:
-        return value
-    box = torch.tensor([1 if value else 0], dtype=torch.int32)
-    dist.all_reduce(box, op=dist.ReduceOp.MIN, group=_CONTROL)
-    return bool(box.item())
-
-
-def gather_all(value, ranks: Ranks) -> list:
-    """Every rank's ``value``, on every rank."""
-    if not ranks.enabled:
-        return [value]
-    every: list = [None] * ranks.world_size
-    dist.all_gather_object(every, value)
-    return every
-
-
-def barrier(ranks: Ranks) -> None:
-    if ranks.enabled:
-        dist.barrier()
-
-
-def broadcast(value, ranks: Ranks):
-    """Rank 0's ``value`` on every rank."""
-    if not ranks.enabled:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def teardown(ranks: Ranks) -> None:
+    global _CONTROL
     if ranks.enabled and dist.is_initialized():
         dist.destroy_process_group()
+        _CONTROL = (None, None)

@@ -29,9 +29,20 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from feedrate import autotune, checkpoint, distributed, environment, hardware, provenance, targets
+from feedrate import (
+    autotune,
+    checkpoint,
+    distributed,
+    environment,
+    hardware,
+    orphans,
+    provenance,
+    targets,
+)
+from feedrate import config as _config  # noqa: F401  (registers the schemas and resolvers)
 from feedrate.batch import nbytes
 from feedrate.checks import validate
+from feedrate.config import TrainerConfig, trainer_spec
 from feedrate.errors import ConfigError, FeedrateError, Interrupted
 from feedrate.faults import LoaderFailure, diagnose
 from feedrate.files import atomic_write_text
@@ -48,9 +59,8 @@ from feedrate.project import (
     preset_file,
     project_dir,
 )
-from feedrate.resolvers import default_preset_name
+from feedrate.resolvers import default_preset_name, register_resolvers
 from feedrate.stream import is_resumable, is_stream, length
-from feedrate.sweep import trial
 from feedrate.trainer import Checkpoints, TrainResult, agreed, planned_steps, train
 from feedrate.tuning import TuningLoader
 from feedrate.workload import (
@@ -61,6 +71,9 @@ from feedrate.workload import (
 )
 
 log = logging.getLogger("feedrate")
+# the ${feedrate_...:} resolvers the configs name (conf/sweep/loader.yaml); the schemas are
+# registered by importing feedrate.config: whatever composes a run's config imports this module
+register_resolvers()
 
 
 def default_config_dir() -> Path:
@@ -138,10 +151,11 @@ class Run:
     fingerprint: hardware.Fingerprint
     hw: hardware.Hardware
     out: Path
+    trainer: TrainerConfig  # cfg.trainer as plain typed values: what the loop takes
 
     @property
     def checkpoint(self) -> Path:
-        return checkpoint.checkpoint_path(self.out, self.cfg.trainer)
+        return checkpoint.checkpoint_path(self.out, self.trainer)
 
 
 def run(
@@ -155,8 +169,8 @@ def run(
     with _opened(cfg, output_dir) as this:
         saved = _checkpoint_to_continue(this)
         work = build(cfg, this.hw, this.ranks, kept)
-        epochs = not cfg.trainer.stream  # a stream read again and again never runs out
-        if this.ranks.enabled and is_stream(work.dataset) and epochs and agreed(cfg.trainer):
+        epochs = not this.trainer.stream  # a stream read again and again never runs out
+        if this.ranks.enabled and is_stream(work.dataset) and epochs and agreed(this.trainer):
             fix = "stream it (trainer.stream=true), or train by steps or epochs alone"
             _check_even_stream(this, work, "measuring by time under torchrun ends", fix)
         tuned = _tuning_loader(this, work, saved) if cfg.loader.autotune else None
@@ -180,7 +194,7 @@ def _tuning_loader(run: Run, work: Workload, saved: dict | None) -> autotune.Can
     at, found, path, problem = cfg.trainer.autotune, None, None, None
     if state is None and at.from_preset:
         found = provenance.measured_here(loader_preset_dirs(), here, run.hw.is_cuda)
-        found = distributed.broadcast(found, run.ranks)  # rank 0's files decide
+        found = run.ranks.share(found)  # rank 0's files decide
     if at.write_preset and run.ranks.is_main:
         from feedrate.tuning.preset import check_writable
 
@@ -190,7 +204,7 @@ def _tuning_loader(run: Run, work: Workload, saved: dict | None) -> autotune.Can
             check_writable(path, at.overwrite, "trainer.autotune")
         except ConfigError as exc:
             problem = str(exc)
-    problem = distributed.broadcast(problem, run.ranks)
+    problem = run.ranks.share(problem)
     if problem:
         raise ConfigError(problem)
     preset = autotune.HydraPreset(path, found, cfg, here, run.ranks, run.out)
@@ -208,7 +222,7 @@ def _check_even_stream(run: Run, work: Workload, what: str, fix: str) -> None:
     """Every rank asks rank 0 at the same steps (whether to switch loaders, whether measuring
     is over), so every rank must reach its stream's epoch end at the same step: the same
     number of samples on every rank."""
-    sizes = distributed.gather_all(length(work.dataset), run.ranks)
+    sizes = run.ranks.gather(length(work.dataset))
     if None in sizes or len(set(sizes)) > 1:
         raise ConfigError(
             f"{what} at the same step on every rank, and needs every rank to reach its"
@@ -223,8 +237,8 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
     """The ranks joined, the hardware resolved, one output directory, seeds and threads set;
     the ranks leave at the end."""
     ranks = distributed.from_env()
-    if ranks.enabled and os.environ.get(trial.DIE_WITH_PARENT):  # a sweep's torchrun trial
-        trial.die_with_parent(os.getppid())  # torchrun starts each rank in its own session
+    if ranks.enabled and orphans.asked_of_a_rank():  # a sweep's torchrun trial
+        orphans.die_with_parent(os.getppid())  # torchrun starts each rank in its own session
     fingerprint = hardware.detect(cfg.dataset.get("root") or cfg.dataset.get("path"))
     if ranks.is_main:
         log.info("hardware fingerprint: %s", fingerprint.short())
@@ -249,7 +263,7 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
     hw = distributed.setup(ranks, resolved)
     try:
         # Every rank writes (if anything) where rank 0 does: ranks may start a second apart.
-        out = Path(distributed.broadcast(str(_output_dir(output_dir)), ranks))
+        out = Path(ranks.share(str(_output_dir(output_dir))))
         log.info(
             "device %s (hardware=%s): amp %s, channels_last %s, pinned %s",
             *(hw.device, hw.name, hw.amp_dtype, hw.channels_last, hw.pin_memory),
@@ -263,14 +277,14 @@ def _opened(cfg: DictConfig, output_dir: str | os.PathLike | None) -> Iterator[R
         # Always set: a warm trial host must not keep the threads of the trial before
         torch.set_num_threads(threads or cfg.hardware.torch_threads or hardware.pytorch_threads())
         torch.backends.cudnn.benchmark = hw.cudnn_benchmark
-        yield Run(cfg, ranks, fingerprint, hw, out)
+        yield Run(cfg, ranks, fingerprint, hw, out, trainer_spec(cfg.trainer))
     finally:
         distributed.teardown(ranks)
 
 
 def _checkpoint_to_continue(run: Run) -> dict | None:
     """The checkpoint ``trainer.resume`` continues; a new run never overwrites one."""
-    trainer = run.cfg.trainer
+    trainer = run.trainer
     saved = checkpoint.load(run.checkpoint) if trainer.resume else None
     if saved is None and trainer.save_checkpoint and run.checkpoint.exists():
         raise ConfigError(
@@ -278,7 +292,7 @@ def _checkpoint_to_continue(run: Run) -> dict | None:
             " trainer.resume=true, or give this one its own hydra.run.dir (nothing was"
             " overwritten)"
         )
-    distributed.barrier(run.ranks)  # every rank has checked before rank 0 writes anything
+    run.ranks.barrier()  # every rank has checked before rank 0 writes anything
     return saved
 
 
@@ -287,7 +301,7 @@ def _restore(run: Run, work: Workload, saved: dict | None) -> checkpoint.Positio
     are kept beside the ones this run will write."""
     if saved is None:
         return None
-    total = planned_steps(run.cfg.trainer, work.loader)
+    total = planned_steps(run.trainer, work.loader)
     weights = distributed.unwrap(work.model)
     batch = work.loader.batch_size
     resume = checkpoint.restore(saved, run.checkpoint, weights, work.optimizer, total, batch)
@@ -310,7 +324,7 @@ def _restore_stream(run: Run, work: Workload, saved: dict, resume: checkpoint.Po
     """The stream goes on where it stopped if it can say where that was (docs/design.md,
     "Streams"); otherwise its epoch starts again, and one line says so."""
     state, why = None, f"{type(work.dataset).__qualname__} has no state_dict/load_state_dict"
-    if is_resumable(work.dataset) and run.cfg.trainer.stream:
+    if is_resumable(work.dataset) and run.trainer.stream:
         why = "trainer.stream=true repeats the stream, which then has no position"
     elif is_resumable(work.dataset):
         state, why = checkpoint.stream_state(saved, run.checkpoint, _reader(run, work))
@@ -352,7 +366,7 @@ def _train_guarded(
     machine_limit = limit_gb * 2**30 if limit_gb is not None else _default_memory_limit()
     with (
         ResourceMonitor(
-            interval_s=cfg.trainer.memory_sample_s,
+            interval_s=run.trainer.memory_sample_s,
             # the machine's memory, shared by the ranks on it
             limit_bytes=machine_limit / ranks.local_world_size,
             explicit_limit=limit_gb is not None,
@@ -368,7 +382,7 @@ def _train_guarded(
                 loader=work.loader,
                 optimizer=work.optimizer,
                 hw=run.hw,
-                cfg=cfg.trainer,
+                cfg=run.trainer,
                 monitor=monitor,
                 normalise=work.normalise,
                 resume=resume,
@@ -398,7 +412,7 @@ def _train_guarded(
 
 
 def _checkpoints(run: Run, work: Workload) -> Checkpoints:
-    trainer = run.cfg.trainer
+    trainer = run.trainer
     batch_size = work.loader.batch_size
     resume = f"{command()} {' '.join(_overrides(run.out))} trainer.resume=true"
 
@@ -474,7 +488,7 @@ def _write_metrics(
         result,
         monitor,
         device=str(hw.device.type).upper(),
-        stream=run.cfg.trainer.stream,
+        stream=run.trainer.stream,
         held_out=held_out,
         skipped=skipped,
         run=record,
@@ -487,7 +501,7 @@ def _write_metrics(
         path = run.out / "metrics.json"
         atomic_write_text(path, json.dumps(metrics, indent=2) + "\n")
         log.info("summary (%s)\n%s", path, format_summary(metrics))
-    distributed.barrier(run.ranks)
+    run.ranks.barrier()
     return metrics
 
 

@@ -187,11 +187,11 @@ class Meter:
         tally: Tally | None = None,  # what the measured batches cost (trainer.costs)
     ) -> None:
         self.cfg, self.total, self.measure = cfg, total, measure
-        # Under torchrun, rank 0's decision on every rank (feedrate.distributed.flag): when
+        # Under torchrun, rank 0's decision on every rank (feedrate.distributed.Ranks.agree): when
         # measuring is over, so every rank measures the same steps and the job's rate is a
         # sum over one window. Called at the same steps on every rank.
         self.agree = agree
-        # ... and whether every rank's warm-up is over (feedrate.distributed.every): the
+        # ... and whether every rank's warm-up is over (feedrate.distributed.Ranks.every): the
         # window opens once no rank still eats its start-up backlog, not at rank 0's word
         self.agree_all = agree_all
         # A measured window is at least num_workers steps (the caller's ``window_steps``):
@@ -210,7 +210,7 @@ class Meter:
             clock=clock,
             sync=sync,
             workers=workers,
-            max_s=cfg.get("warmup_max_s"),
+            max_s=cfg.warmup_max_s,
         )
         self.times = StepTimes()
         self.first_batch_s = float("nan")
@@ -259,10 +259,10 @@ class Meter:
     def take_over(self, before: Meter) -> None:
         """Measuring starts anew where ``before`` measured (``loader=autotune``'s choice runs
         from here, mid-epoch): the run's first batch and its epoch restarts are what
-        ``before`` saw."""
+        ``before`` saw, and an epoch's first batch still awaited is awaited here."""
         self.first_batch_s, self.restarts = before.first_batch_s, list(before.restarts)
         self._t_iter, self._epochs = before._t_iter, before._epochs
-        self._first, self._first_epoch = False, False
+        self._first, self._first_epoch = before._first, before._first_epoch
 
     def epoch_started(self) -> None:
         """Before ``iter(loader)``: first_batch_s (and each restart) runs from here."""
@@ -528,3 +528,113 @@ class TrainResult:
     trained_samples: int = 0  # by this process, warm-up (and tuning) included
     train_seconds: float = 0.0  # from the first step's start to the last one's end
     costs: Costs | None = None  # what a measured batch cost its worker (trainer.costs)
+
+
+class RunMeter:
+    """The run's meter: the one object the loop tells of its epochs and steps.
+
+    Where the loader tunes itself (:class:`feedrate.tuning.TuningLoader`), the meter listens
+    to it (``loader.subscribe``): when the tuning ends, or starts again, the meter starts its
+    figures again, at the end of the step it heard it in (between steps, at once), so that
+    the run's figures are the choice's; the first batch, the epoch restarts and the drift
+    warnings carry over. Listening, ``trainer.max_seconds`` is the whole run's, and the drift
+    guard watches only while no tuning runs (its settings differ window to window, by design).
+    ``figures(max_seconds, tuning)`` builds the :class:`Meter` of a stretch.
+    """
+
+    def __init__(
+        self,
+        figures: Callable[[float | None, bool], Meter],
+        max_seconds: float | None,
+        start: int,
+        loader: Any = None,
+        bar: Any = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.figures, self.max_seconds, self.bar, self.clock = figures, max_seconds, bar, clock
+        self.began = clock()
+        self._step = start
+        self._in_step = self._pending = False
+        self._drift_before = 0
+        subscribe = getattr(loader, "subscribe", None)
+        self.listening = subscribe is not None
+        self.tuning = bool(subscribe(self)) if subscribe is not None else False
+        self.now = self._new()
+
+    # -- what the loader says --------------------------------------------------------------
+
+    def tuning_started(self) -> None:
+        self.tuning = True
+        self._restart()
+
+    def tuning_ended(self) -> None:
+        self.tuning = False
+        self._restart()
+
+    def fell_behind(self) -> bool:
+        """Did the drift guard warn since the figures started (the loader asks, to tune
+        again)?"""
+        return bool(self.now.drift is not None and self.now.drift.episodes)
+
+    # -- what the loop says ----------------------------------------------------------------
+
+    def epoch_started(self) -> None:
+        """No step is under way (the last one of an epoch found no batch): figures due to
+        start again start with the epoch."""
+        self._in_step = False
+        if self._pending:
+            self._renew()
+        self.now.epoch_started()
+
+    def step_started(self) -> None:
+        self._in_step = True
+        self.now.step_started()
+
+    def batch_arrived(self) -> None:
+        self.now.batch_arrived()
+
+    def batch_cost(self, cost: BatchCost | None) -> None:
+        self.now.batch_cost(cost)
+
+    def step_done(self, step: int, samples: int, *parts: Any) -> bool:
+        """True once measuring is over; not where the figures start again after this step
+        (the tuning's end is not the run's)."""
+        done = self.now.step_done(step, samples, *parts)
+        self._step, self._in_step = step, False
+        if self._pending:
+            self._renew()
+            return False
+        return done
+
+    def checkpoint_paused(self, step: int, extra: int = 0) -> None:
+        self.now.checkpoint_paused(step, extra)
+
+    def finish(self) -> dict:
+        finished = self.now.finish()
+        finished["drift_warnings"] += self._drift_before
+        return finished
+
+    # -- inside ----------------------------------------------------------------------------
+
+    def _restart(self) -> None:
+        if self._in_step:  # mid-step: after it
+            self._pending = True
+        else:
+            self._renew()
+
+    def _new(self, before: Meter | None = None) -> Meter:
+        left = self.max_seconds
+        if self.listening and left is not None:  # the whole run's time
+            left = max(self.began + left - self.clock(), 0.0)
+        if self.bar is not None:
+            self.bar.set_description("train [autotune]" if self.tuning else "train")
+        fresh = self.figures(left, self.tuning)
+        if before is not None:
+            fresh.take_over(before)
+        fresh.start(self._step)
+        return fresh
+
+    def _renew(self) -> None:
+        self._pending = False
+        self._drift_before += self.now.finish()["drift_warnings"]
+        self.now = self._new(self.now)

@@ -9,31 +9,11 @@ from typing import TYPE_CHECKING
 
 from feedrate.meter import rate_of
 from feedrate.project import command
+from feedrate.stats import window_spread
 
 if TYPE_CHECKING:
     from feedrate.meter import TrainResult
     from feedrate.monitor import ResourceMonitor
-
-# Metrics train.py can return to a sweeper (`objective=`); all are in metrics.json.
-METRIC_NAMES = (
-    "samples_per_sec",
-    "consumed_samples_per_sec",
-    "produced_samples_per_sec",
-    "epoch_restart_s",
-    "cpu_util",
-    "other_cpu_frac",
-    "peak_shm_mb",
-    "window_spread",
-    "data_wait_frac",
-    "first_batch_s",
-    "step_time_p50_ms",
-    "step_time_p90_ms",
-    "final_loss",
-    "train_accuracy",
-    "val_loss",
-    "val_accuracy",
-    "peak_pss_mb",
-)
 
 # Above this share of step time spent waiting for the next batch, the run is input-bound.
 INPUT_BOUND_WAIT_FRAC = 0.10
@@ -43,12 +23,6 @@ INPUT_BOUND_WAIT_FRAC = 0.10
 # itself: short windows and the start-up backlog spread them on a quiet machine too. It is
 # reported, and the sweep's decision asks for a margin beyond it.
 NOISY_OTHER_CPU_FRAC = 0.25
-
-
-def window_spread(rates: list[float]) -> float | None:
-    """(max - min) / median of the measured windows' samples/s; None with fewer than two."""
-    median = statistics.median(rates) if rates else 0.0
-    return (max(rates) - min(rates)) / median if len(rates) > 1 and median > 0 else None
 
 
 def percentile(values: list[float], q: float) -> float:

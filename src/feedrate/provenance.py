@@ -236,6 +236,22 @@ def preset_node(directory: Dirs, name: str, seen: tuple[str, ...] = ()) -> dict:
     return OmegaConf.to_container(merged)
 
 
+def check_composes(path: Path, values: dict[str, Any]) -> None:
+    """The preset at ``path``, its defaults (other presets: its own folder's, then
+    feedrate's) merged onto the loader's schema as a run does, composes to ``values``."""
+    from feedrate.project import packaged_config_dir
+
+    dirs = [path.parent, packaged_config_dir() / "loader"]
+    composed = OmegaConf.merge(OmegaConf.structured(LoaderConfig), preset_node(dirs, path.stem))
+    for key, value in values.items():
+        got = composed.get(key)
+        got = getattr(got, "value", got)  # an enum's value (the start method)
+        if got != value:
+            raise ConfigError(
+                f"the written preset loader={path.stem} composes to {key}={got!r}, not {value!r}"
+            )
+
+
 def _distance(c: _Candidate) -> float:
     """How far a preset's machine and workload are from this one's: a factor of two in
     cores counts 1, another GPU 2, each setting of the workload that differs 1."""

@@ -182,3 +182,9 @@ def compare(a: Rounds, b: Rounds, confidence: float = CONFIDENCE) -> Comparison 
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * se
     p = 2.0 * float(stats.t.sf(abs(mean) / se, n - 1))
     return Comparison(ratio, math.exp(mean - half), math.exp(mean + half), (n, n), p, confidence)
+
+
+def window_spread(rates: Sequence[float]) -> float | None:
+    """(max - min) / median of the measured windows' samples/s; None with fewer than two."""
+    median = float(np.median(rates)) if len(rates) else 0.0
+    return (max(rates) - min(rates)) / median if len(rates) > 1 and median > 0 else None

@@ -50,6 +50,7 @@ class ThreadLoader:
     """
 
     multiprocessing_context = None  # no worker processes to start
+    engine = "thread"  # loader.engine's word for it (a DataLoader's workers: "process")
 
     def __init__(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import threading
@@ -13,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
@@ -21,21 +21,18 @@ from tqdm import tqdm
 from feedrate import distributed
 from feedrate.batch import batch_len, to_device
 from feedrate.checkpoint import Position
-from feedrate.config import Measure
+from feedrate.config import Measure, TrainerConfig
 from feedrate.costs import split
 from feedrate.drift import DriftGuard
 from feedrate.errors import ConfigError, DatasetError, Interrupted
 from feedrate.faults import LoaderFailure
 from feedrate.hardware import Hardware
 from feedrate.loader import loader_state, produced_samples
-from feedrate.meter import Meter, TrainResult
+from feedrate.meter import Meter, RunMeter, TrainResult
 from feedrate.monitor import ResourceMonitor
 from feedrate.steps import Output, Step
 from feedrate.stream import is_stream, nothing_here
-from feedrate.threads import ThreadLoader
-from feedrate.tuning import TuningLoader
-from feedrate.tuning.loader import MIN_BUDGET_S
-from feedrate.tuning.setting import PROCESS, THREAD, Setting
+from feedrate.tuning.setting import PROCESS, Setting
 from feedrate.tuning.spent import Tally
 
 log = logging.getLogger(__name__)
@@ -43,7 +40,7 @@ log = logging.getLogger(__name__)
 _END = object()  # the loader's iterator is exhausted
 
 
-def _bar_style(cfg: DictConfig) -> dict:
+def _bar_style(cfg: TrainerConfig) -> dict:
     return {"disable": not cfg.progress, "dynamic_ncols": True}
 
 
@@ -81,7 +78,7 @@ def _users(dataset: Any) -> Any:
     return dataset
 
 
-def planned_steps(cfg: DictConfig, loader: DataLoader) -> int:
+def planned_steps(cfg: TrainerConfig, loader: DataLoader) -> int:
     """Steps the run will take: ``max_steps`` or ``epochs`` worth, whichever is fewer. For a
     stream, ``epochs`` worth is its length's estimate: the run ends when the stream does."""
     per_epoch = _batches_per_epoch(loader)
@@ -179,7 +176,7 @@ def _save_if_due(
     step: int,
     total: int,
     position: Callable[[], Position],
-    meter: Meter,
+    meter: RunMeter,
     bar: tqdm,
 ) -> None:
     """Save every ``checkpoints.every`` steps (the meter re-warms after the pause) and at once
@@ -212,17 +209,12 @@ class _Where:
     batches: int = 0  # of this epoch, from the loader
     generator: Any = None  # the shuffle's state at the epoch's start
 
-    def position(
-        self, scaler: torch.amp.GradScaler, loader: Any, tuned: TuningLoader | None = None
-    ) -> Position:
+    def position(self, scaler: torch.amp.GradScaler, loader: Any) -> Position:
+        # a loader that keeps its own place (a tuning loader) says it; else its stream's
+        own = getattr(loader, "position_state", None)
+        stream, state = own() if own is not None else (loader_state(loader), None)
         return Position(
-            self.step,
-            self.epoch,
-            self.samples,
-            self.generator,
-            scaler.state_dict(),
-            tuned.stream_state() if tuned is not None else loader_state(loader),
-            tuned.state_dict() if tuned is not None else None,
+            self.step, self.epoch, self.samples, self.generator, scaler.state_dict(), stream, state
         )
 
 
@@ -230,21 +222,22 @@ Batches = Iterator[Any]  # any structure the collate function makes, on the devi
 
 
 def _epoch_batches(
-    loader: DataLoader | TuningLoader,
+    loader: Any,
     where: _Where,
     resume: Position | None,
     hw: Hardware,
-    meter: Callable[[], Meter],
+    meter: RunMeter,
     decode: Callable[[list], torch.Tensor] | None = None,
 ) -> Batches:
     """One epoch's batches on the device. From ``resume`` the epoch goes on with the same
     shuffle after the samples already trained (:class:`feedrate.loader.ResumableSampler`;
-    a tuning loader goes on from its own state). The meter's wait runs until a batch
-    arrives; the host-to-device copy is the step's."""
+    a loader that orders its own epochs, a tuning loader, goes on from its own state). The
+    meter's wait runs until a batch arrives; the host-to-device copy is the step's."""
     sampler = getattr(loader, "sampler", None)
     shuffling = getattr(sampler, "generator", None)
-    if isinstance(loader, TuningLoader):
-        loader.set_epoch(where.epoch)  # where a resumed one goes on: its own position's
+    set_epoch = getattr(loader, "set_epoch", None)
+    if set_epoch is not None:
+        set_epoch(where.epoch)  # where a resumed one goes on: its own position's
         shuffling = None
     elif resume is not None:
         where.samples = resume.epoch_samples
@@ -263,7 +256,7 @@ def _epoch_batches(
     per_batch = getattr(loader, "batch_size", None) or 0
     batches = iter(loader)  # a worker that died while they started is named here
     while True:
-        meter().step_started()
+        meter.step_started()
         batch = next(batches, _END)
         if batch is _END:
             return
@@ -274,8 +267,8 @@ def _epoch_batches(
         batch, cost = split(batch)  # a loader built with costs (trainer.costs) says them
         if decode is not None:  # loader.decode=device: the input pipeline's last stage
             batch = _decoded(batch, decode)
-        meter().batch_arrived()
-        meter().batch_cost(cost)
+        meter.batch_arrived()
+        meter.batch_cost(cost)
         yield to_device(batch, hw.device, hw.non_blocking)
 
 
@@ -302,17 +295,17 @@ def _uneven_inputs(model: nn.Module, streaming: bool) -> contextlib.AbstractCont
     return contextlib.nullcontext()
 
 
-def _resident(batches: Batches, meter: Callable[[], Meter]) -> Batches:
+def _resident(batches: Batches, meter: RunMeter) -> Batches:
     """``trainer.measure=compute``: the first batch, kept on the device and trained on again."""
     for batch in batches:
         while True:
             yield batch
-            meter().step_started()
-            meter().batch_arrived()
+            meter.step_started()
+            meter.batch_arrived()
 
 
 def _meter(
-    cfg: DictConfig,
+    cfg: TrainerConfig,
     loader: DataLoader,
     *,
     total: int,
@@ -329,7 +322,7 @@ def _meter(
     workers = getattr(loader, "num_workers", 0) or 0
     return Meter(
         cfg,
-        tally=_tally(loader) if cfg.get("costs") else None,
+        tally=_tally(loader) if cfg.costs else None,
         total=total,
         start=start,
         backlog=startup_backlog(loader) if measure is not Measure.compute else 0,
@@ -345,8 +338,8 @@ def _meter(
         drift=drift,
         **(
             {
-                "agree": functools.partial(distributed.flag, ranks=ranks),
-                "agree_all": functools.partial(distributed.every, ranks=ranks),
+                "agree": ranks.agree,
+                "agree_all": ranks.every,
             }
             if agreed(cfg)
             else {}
@@ -355,16 +348,20 @@ def _meter(
 
 
 def _tally(loader: Any) -> Tally | None:
-    """The tally of a loader whose batches say what they cost, on its setting (None: a tuning
-    loader's windows tally their own, and a stream's batches say nothing)."""
-    if isinstance(loader, TuningLoader) or is_stream(getattr(loader, "dataset", None)):
+    """The tally of a loader whose batches say what they cost, on its setting; a loader may
+    say its own (a tuning loader: None, its windows tally theirs). None for a stream: its
+    batches say nothing."""
+    own = getattr(loader, "tally", None)
+    if own is not None:
+        return own()
+    if is_stream(getattr(loader, "dataset", None)):
         return None
-    engine = THREAD if isinstance(loader, ThreadLoader) else PROCESS
+    engine = getattr(loader, "engine", PROCESS)  # a ThreadLoader's: thread
     workers = getattr(loader, "num_workers", 0) or 0
     return Tally(Setting(workers, getattr(loader, "prefetch_factor", None), engine))
 
 
-def agreed(cfg: DictConfig) -> bool:
+def agreed(cfg: TrainerConfig) -> bool:
     """Does measuring end by what a rank sees (its clock, its rate, a stream without end)?
     Then under torchrun every rank takes rank 0's word at the same steps (``Meter.agree``);
     by steps or epochs alone each rank knows, and asks nothing (a stream's ranks may then
@@ -373,97 +370,15 @@ def agreed(cfg: DictConfig) -> bool:
 
 
 def _begin(resume: Position | None, loader: Any) -> _Where:
-    """Where training starts: at step 0, or where ``resume`` stopped; a tuning loader says
-    itself which epoch it goes on in, and how far in."""
+    """Where training starts: at step 0, or where ``resume`` stopped; a loader that keeps its
+    own place (a tuning loader) says which epoch it goes on in, and how far in."""
     if resume is None:
         return _Where(0, 0)
-    if isinstance(loader, TuningLoader):
-        epoch, batches = loader.position
+    own = getattr(loader, "position", None)
+    if own is not None:
+        epoch, batches = own
         return _Where(resume.step, epoch, batches * loader.batch_size)
     return _Where(resume.step, resume.epoch)
-
-
-def _retune(cfg: DictConfig, meter: Meter, loader: TuningLoader, retunes: int) -> bool:
-    """``trainer.autotune.on_drift=retune``: the drift guard warned (rank 0's word, on every
-    rank) and the run may tune again; asked at epoch ends, after the tuning."""
-    at = cfg.autotune
-    if getattr(at.on_drift, "value", at.on_drift) != "retune" or retunes >= at.max_retunes:
-        return False
-    if not loader.ranks.agree(bool(meter.drift is not None and meter.drift.episodes)):
-        return False
-    if not loader.retune():
-        log.warning(
-            "loader=autotune: the input pipeline fell behind (the drift guard warned), but"
-            " trainer.autotune.budget_s=%g is below the %g s a tuning needs: not tuned again",
-            loader.budget_asked,
-            MIN_BUDGET_S,
-        )
-        return False
-    log.warning(
-        "loader=autotune: the input pipeline fell behind (the drift guard warned); tuning"
-        " again from %s (trainer.autotune.on_drift=retune)",
-        loader.current.describe(),
-    )
-    return True
-
-
-class _Meters:
-    """The run's meter of the moment: one from the first step, and a new one where a tuning
-    loader's choice starts running (or where it tunes again), so that the run's figures are
-    the choice's; the first batch, the epoch restarts and the drift warnings carry over."""
-
-    def __init__(
-        self, cfg: DictConfig, loader: Any, where: _Where, preset_wait: float | None, **args: Any
-    ) -> None:
-        self.cfg, self.loader, self.where, self.args = cfg, loader, where, args
-        self.preset_wait = preset_wait
-        self.tuned = loader if isinstance(loader, TuningLoader) else None
-        self.tuning = self.tuned is not None and self.tuned.tuning
-        self.retunes = self.drift_before = 0
-        self.began = time.perf_counter()
-        self.now = self._new()
-
-    def __call__(self) -> Meter:
-        return self.now
-
-    def _new(self, before: Meter | None = None) -> Meter:
-        cfg, measure = self.cfg, self.args["measure"]
-        if self.tuned is not None and cfg.max_seconds is not None:  # the whole run's time
-            left = max(self.began + cfg.max_seconds - time.perf_counter(), 0.0)
-            cfg = OmegaConf.merge(cfg, {"max_seconds": left})
-        drift = None  # not while tuning: its settings differ window to window, by design
-        if cfg.drift_rise is not None and measure is not Measure.compute and not self.tuning:
-            drift = DriftGuard(cfg.drift_rise, cfg.drift_windows, self.preset_wait)
-        self.args["bar"].set_description("train [autotune]" if self.tuning else "train")
-        fresh = _meter(cfg, self.loader, drift=drift, **self.args, start=self.where.step)
-        if before is not None:
-            fresh.take_over(before)
-        fresh.start(self.where.step)
-        return fresh
-
-    def _renew(self) -> None:
-        self.drift_before += self.now.finish()["drift_warnings"]
-        self.now = self._new(self.now)
-
-    def step_done(self, done: bool) -> bool:
-        """After a step: where the tuning just ended, the choice's measuring starts (and the
-        tuning meter's ``done`` is not the run's)."""
-        if self.tuning and not self.tuned.tuning:
-            self.tuning, done = False, False
-            self._renew()
-        return done
-
-    def epoch_done(self) -> None:
-        """After an epoch: tune again where the drift guard asks for it."""
-        if self.tuned is not None and not self.tuning:
-            if _retune(self.cfg, self.now, self.tuned, self.retunes):
-                self.retunes, self.tuning = self.retunes + 1, True
-                self._renew()
-
-    def finish(self) -> dict:
-        finished = self.now.finish()
-        finished["drift_warnings"] += self.drift_before
-        return finished
 
 
 def _scaler(hw: Hardware, resume: Position | None) -> torch.amp.GradScaler:
@@ -476,10 +391,10 @@ def _scaler(hw: Hardware, resume: Position | None) -> torch.amp.GradScaler:
 def train(
     *,
     model: nn.Module,
-    loader: DataLoader | TuningLoader,
+    loader: Any,
     optimizer: torch.optim.Optimizer,
     hw: Hardware,
-    cfg: DictConfig,
+    cfg: TrainerConfig,
     monitor: ResourceMonitor,
     normalise: Callable[..., torch.Tensor],
     resume: Position | None = None,
@@ -495,16 +410,27 @@ def train(
     measuring start again there. ``checkpoints`` says when to save; Ctrl-C ends the run after
     the current step, with the state saved. ``preset_wait``, the data-wait share the loader
     preset was measured with, is one reference of the drift guard (:mod:`feedrate.drift`).
-    ``loader`` may be a :class:`~feedrate.tuning.TuningLoader` (``loader=autotune``): the loop
-    only iterates it, and the run's measurement starts again once its tuning is over.
+    ``loader`` is any loader (a DataLoader, a thread loader, a tuning loader): the loop only
+    iterates it. One that tunes itself tells the meter when its tuning ends or starts again,
+    and the meter starts its figures again (:class:`~feedrate.meter.RunMeter`).
     """
     total = planned_steps(cfg, loader)
     measure = Measure(getattr(cfg.measure, "value", cfg.measure))
     where = _begin(resume, loader)
     bar = tqdm(total=total, initial=where.step, unit="step", desc="train", **_bar_style(cfg))
     ranks = ranks or distributed.Ranks()
-    args = dict(total=total, measure=measure, monitor=monitor, hw=hw, bar=bar, ranks=ranks)
-    meter = _Meters(cfg, loader, where, preset_wait, **args)
+
+    def figures(max_seconds: float | None, tuning: bool) -> Meter:
+        """The meter of a stretch of the run from the step it is at; the drift guard watches
+        where no tuning runs (its settings differ window to window, by design)."""
+        drift = None
+        if cfg.drift_rise is not None and measure is not Measure.compute and not tuning:
+            drift = DriftGuard(cfg.drift_rise, cfg.drift_windows, preset_wait)
+        stretch = dataclasses.replace(cfg, max_seconds=max_seconds)
+        args = dict(total=total, measure=measure, monitor=monitor, hw=hw, bar=bar, ranks=ranks)
+        return _meter(stretch, loader, drift=drift, start=where.step, **args)
+
+    meter = RunMeter(figures, cfg.max_seconds, where.step, loader, bar)
     scaler, trained, stopped_at = _scaler(hw, resume), 0, None
     model.train()
     # A stream's epochs end when it runs out, not at its length's estimate
@@ -512,12 +438,12 @@ def train(
     step_limit = cfg.max_steps if streaming else total
 
     def position() -> Position:
-        return where.position(scaler, loader, meter.tuned)
+        return where.position(scaler, loader)
 
     run_step = _stepper(model, optimizer, scaler, hw, step or Step(None), normalise, measure)
     with _uneven_inputs(model, streaming):
         while stopped_at is None:
-            meter().epoch_started()
+            meter.epoch_started()
             batches = _epoch_batches(loader, where, resume, hw, meter, decode)
             resumed, resume = resume is not None, None  # only the first epoch resumes part-way
             if measure is Measure.compute:
@@ -527,7 +453,7 @@ def train(
                 where.step += 1
                 n = batch_len(batch) or getattr(loader, "batch_size", None) or 1
                 trained += n
-                done = meter.step_done(meter().step_done(where.step, n, *out.parts))
+                done = meter.step_done(where.step, n, *out.parts)
                 bar.update(1)
                 if monitor.tripped:  # the memory guard: stop before the OOM killer does
                     raise LoaderFailure(monitor.tripped)
@@ -536,14 +462,12 @@ def train(
                     _end_now(loader)
                     break
                 if checkpoints is not None:
-                    _save_if_due(checkpoints, where.step, total, position, meter(), bar)
+                    _save_if_due(checkpoints, where.step, total, position, meter, bar)
             if stopped_at is None and where.batches == 0 and where.samples == 0 and not resumed:
                 raise _empty_epoch(loader, streaming)
             where.epoch += 1
             if stopped_at is None and cfg.epochs is not None and where.epoch >= cfg.epochs:
                 stopped_at = position()  # a stream ran out in the last epoch
-            elif stopped_at is None:
-                meter.epoch_done()
     bar.close()
     return TrainResult(
         **meter.finish(),

@@ -19,13 +19,13 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from feedrate.sweep.space import DEPTH, ENGINE, WORKERS
 from feedrate.tuning.model import Costs, Prediction, past_the_workers
 from feedrate.tuning.policy import Climb, Figure, Machine
 from feedrate.tuning.setting import PROCESS, THREAD, Setting
 
 FIGURE_KEY = "feedrate.figure"  # a trial's user attribute: what it measured besides its value
 PREDICTED_KEY = "feedrate.predicted"  # an asked trial's: the model's prediction it verifies
-WORKERS, DEPTH, ENGINE = "loader.num_workers", "loader.prefetch_factor", "loader.engine"
 THREADS = "loader.main_threads"
 PROCESS_ONLY = ("multiprocessing_context", "worker_threads", "persistent_workers")
 

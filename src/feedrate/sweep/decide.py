@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 
 from feedrate import stats
 from feedrate.files import atomic_write_text
-from feedrate.sweep.climb import WORKERS
 from feedrate.sweep.feasibility import Budget, run_memory_mb
+from feedrate.sweep.space import WORKERS
 from feedrate.sweep.trial import TrialResult
 from feedrate.tuning.decide import SAME_WORKERS, Decision
 

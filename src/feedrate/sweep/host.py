@@ -35,6 +35,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from feedrate.orphans import die_with_parent
 from feedrate.sweep.space import ranks_per_node
 from feedrate.sweep.trial import (
     FAILED,
@@ -43,7 +44,6 @@ from feedrate.sweep.trial import (
     TrialResult,
     conf_dir,
     descendants,
-    die_with_parent,
     kill_group,
     read_result,
     reap,

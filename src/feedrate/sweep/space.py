@@ -18,6 +18,9 @@ from feedrate.dataset import build_dataset
 from feedrate.errors import ConfigError
 from feedrate.tuning.policy import worker_bound as machine_worker_bound
 
+# the search's parameters that the climb steps and the decision compares
+WORKERS, DEPTH, ENGINE = "loader.num_workers", "loader.prefetch_factor", "loader.engine"
+
 if TYPE_CHECKING:  # optuna takes a second to import; trial processes load this module too
     import optuna
 

@@ -11,7 +11,6 @@ the shared-memory segments they left in ``/dev/shm`` are removed once their owne
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import json
 import math
@@ -30,11 +29,10 @@ from omegaconf import DictConfig
 
 from feedrate.errors import ConfigError
 from feedrate.files import atomic_write_text
+from feedrate.orphans import DIE_WITH_PARENT, die_with_parent
 from feedrate.project import primary_config_dir
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
-# Set for a torchrun trial's ranks: each dies with torchrun (launch.py), which dies with the sweep
-DIE_WITH_PARENT = "FEEDRATE_DIE_WITH_PARENT"
 OVER_BUDGET = "over budget"  # it ran, and used more memory than sweep.memory_budget_gb
 # Objectives a busy CPU distorts: a noisy measurement of one is taken again.
 THROUGHPUT = ("samples_per_sec", "consumed_samples_per_sec", "produced_samples_per_sec")
@@ -103,23 +101,6 @@ def _zombie(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.Error:
         return True
-
-
-try:  # loaded here, not in the forked child, where loading a library is not safe
-    _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
-except OSError:  # not Linux
-    _LIBC = None
-
-
-def die_with_parent(parent: int) -> None:
-    """In the trial process (Linux): SIGKILL when the sweep that started it dies, so a killed
-    sweep leaves no trial running. Its DataLoader workers then see their parent gone and exit.
-    Without it (not Linux), the sweep's own cleanup still kills the trial on Ctrl-C."""
-    if _LIBC is None:
-        return
-    _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the sweep died before the line above: follow it now
-        os._exit(137)
 
 
 def kill_group(pgid: int) -> None:

@@ -29,6 +29,7 @@ from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler
 
 from feedrate.batch import batch_len
 from feedrate.costs import inner_collate, split
+from feedrate.distributed import Ranks
 from feedrate.errors import ConfigError
 from feedrate.tuning.candidates import (
     Refused,
@@ -50,7 +51,6 @@ from feedrate.tuning.policy import (
     worker_bound,
 )
 from feedrate.tuning.probe import Probe
-from feedrate.tuning.ranks import Ranks
 from feedrate.tuning.state import Saved
 
 log = logging.getLogger("feedrate.tuning")
@@ -155,6 +155,7 @@ class TuningLoader(Saved):
         memory: Callable[[], float | None] | None = tree_pss_mb,
         predicts: bool = True,
         split_threads: bool = False,
+        retune_on_drift: int = 0,
     ) -> None:
         _check_args(batch_size, shuffle, sampler, batch_sampler, drop_last, budget_s, max_workers)
         check_engines([engine], "engine")
@@ -206,6 +207,11 @@ class TuningLoader(Saved):
         self._last_out = 0.0  # when the latest batch was handed out
         self.earlier: list[dict] = []  # tunings before this one (retune)
         self._stream_state: dict | None = None  # a stream's position, to go on from
+        # who hears when the tuning ends or starts again (the run's meter), and is asked at
+        # each epoch's start whether the pipeline fell behind: then it tunes again, at most
+        # ``retune_on_drift`` times
+        self._listeners: list[Any] = []
+        self.retunes_left = int(retune_on_drift)
 
     # -- what a loop uses ----------------------------------------------------------------
 
@@ -227,10 +233,47 @@ class TuningLoader(Saved):
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next pass is (its shuffle); each pass moves on one by itself. A
-        position set by :meth:`skip` holds in the epoch set."""
+        position set by :meth:`skip` holds in the epoch set. Where a listener says the
+        pipeline fell behind, it tunes again (``retune_on_drift``)."""
         if epoch != self.epoch:
             self.epoch = epoch
             self._pos = self._pos if self._resuming else 0
+        if self.retunes_left and self._listeners and not self.tuning:
+            self._retune_if_behind()
+
+    def subscribe(self, listener: Any) -> bool:
+        """``listener`` hears ``tuning_started()`` and ``tuning_ended()``, and is asked
+        ``fell_behind()`` at each epoch's start; returns whether a tuning runs now."""
+        self._listeners.append(listener)
+        return self.tuning
+
+    def _tell(self, event: str) -> None:
+        for listener in self._listeners:
+            getattr(listener, event)()
+
+    def _retune_if_behind(self) -> None:
+        """A listener's drift guard warned (rank 0's word, on every rank, at the same epoch
+        start): tune again from the setting now running."""
+        behind = any(listener.fell_behind() for listener in self._listeners)
+        if not self.ranks.agree(behind):
+            return
+        if self.budget_asked < MIN_BUDGET_S:
+            log.warning(
+                "autotune_loader: the input pipeline fell behind (the drift guard warned), but"
+                " its budget_s=%g (trainer.autotune.budget_s) is below the %g s a tuning"
+                " needs: not tuned again",
+                self.budget_asked,
+                MIN_BUDGET_S,
+            )
+            self.retunes_left = 0
+            return
+        log.warning(
+            "autotune_loader: the input pipeline fell behind (the drift guard warned); tuning"
+            " again from %s (trainer.autotune.on_drift=retune)",
+            self.current.describe(),
+        )
+        self.retunes_left -= 1
+        self.retune()
 
     def skip(self, batches: int) -> None:
         """The next pass starts ``batches`` into its epoch, none of them loaded: a loop that
@@ -263,6 +306,15 @@ class TuningLoader(Saved):
     def collate_fn(self) -> Callable | None:
         """The collate function of the DataLoader now running (None between them)."""
         return inner_collate(getattr(self._loader, "collate_fn", None))
+
+    def position_state(self) -> tuple[dict | None, dict]:
+        """What a checkpoint records of it: a stream's position (its workers'), and its own
+        state (the tuning, the epoch, the batches yielded)."""
+        return self.stream_state(), self.state_dict()
+
+    def tally(self) -> None:
+        """None: its own windows tally what its batches cost, setting by setting."""
+        return None
 
     @property
     def position(self) -> tuple[int, int]:
@@ -297,6 +349,7 @@ class TuningLoader(Saved):
             predicts=self.climb.predicts,
         )
         self._probe = None
+        self._tell("tuning_started")
         return True
 
     def close(self) -> None:
@@ -496,6 +549,7 @@ class TuningLoader(Saved):
         choice = self.climb.choose(self.figures) if self.ranks.is_main else None
         self.choice = Choice.from_dict(self.ranks.share(None if choice is None else asdict(choice)))
         self.spent_s, self.tuning = self._spent_now(), False
+        self._tell("tuning_ended")
         if self.ranks.is_main:
             log.info(
                 "autotune_loader chose %s: %s", self.choice.setting.describe(), self.choice.reason

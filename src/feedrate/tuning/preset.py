@@ -147,27 +147,13 @@ def write_preset(path: Path, text: str, overwrite: bool, verify) -> None:
         raise
 
 
-def check_composes(path: Path, values: dict[str, Any]) -> None:
-    """The written preset is plain data and composes, its defaults (other presets: its own
-    folder's, then feedrate's) merged onto the loader's schema as a run does, to ``values``."""
-    from omegaconf import OmegaConf
-
-    from feedrate import provenance
-    from feedrate.config import LoaderConfig
-    from feedrate.project import packaged_config_dir
+def _composes(path: Path, values: dict[str, Any]) -> None:
+    """The written preset is plain data, and composes back to ``values`` as a run's config
+    does (feedrate.provenance, which reads presets as Hydra composes them)."""
+    from feedrate.provenance import check_composes
 
     check_plain_data(path)
-    dirs = [path.parent, packaged_config_dir() / "loader"]
-    composed = OmegaConf.merge(
-        OmegaConf.structured(LoaderConfig), provenance.preset_node(dirs, path.stem)
-    )
-    for key, value in values.items():
-        got = composed.get(key)
-        got = getattr(got, "value", got)  # an enum's value (the start method)
-        if got != value:
-            raise ConfigError(
-                f"the written preset loader={path.stem} composes to {key}={got!r}, not {value!r}"
-            )
+    check_composes(path, values)
 
 
 def write_checked(
@@ -185,7 +171,7 @@ def write_checked(
         path,
         render(values, header, measured_on, marker),
         overwrite,
-        lambda: check_composes(path, values),
+        lambda: _composes(path, values),
     )
 
 

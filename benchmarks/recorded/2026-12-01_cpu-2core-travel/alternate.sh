@@ -1,4 +1,5 @@
 #!/bin/bash
+# Kept as run; its outputs are in benchmarks/results/2026-12-01_cpu-2core-travel/ (this script once lived there).
 # The two presets the sweeps wrote (run.sh steps 1-2), measured in 5 alternating rounds as a
 # sweep's final rounds are (streaming, 3 s windows), and compared: unbounded / budget.
 set -u

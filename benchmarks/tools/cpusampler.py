@@ -1,6 +1,6 @@
 """Each test's CPU on the whole machine, while the suite runs beside it:
 
-    python3 cpusampler.py STOPFILE OUT.json   # until STOPFILE exists
+    python3 benchmarks/tools/cpusampler.py STOPFILE OUT.json   # until STOPFILE exists
 
 Every 0.5 s it reads each process's CPU (utime + stime, /proc/PID/stat) and adds what it used
 since the last reading to the test that started it: PYTEST_CURRENT_TEST in the process's

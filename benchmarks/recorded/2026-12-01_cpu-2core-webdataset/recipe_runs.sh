@@ -1,4 +1,5 @@
 #!/bin/bash
+# Kept as run; its outputs are in benchmarks/results/2026-12-01_cpu-2core-webdataset/ (this script once lived there).
 # alternating: photos/recipe, webdataset/recipe, webdataset/recipe+decode=device; 2 rounds
 cd /tmp/wds
 OUT=/tmp/cmp; rm -rf $OUT; mkdir -p $OUT

@@ -2,7 +2,7 @@
 /proc/stat, so a test's subprocesses and their workers count), one JSON line per test.
 Meaningful one test at a time (no -n):
 
-    PYTHONPATH=<this folder> pytest -m "" -p cpuprof -q -p no:cacheprovider
+    PYTHONPATH=benchmarks/tools pytest -m "" -p cpuprof -q -p no:cacheprovider
 """
 
 import json

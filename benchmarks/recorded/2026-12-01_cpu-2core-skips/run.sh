@@ -1,4 +1,5 @@
 #!/bin/bash
+# Kept as run; its outputs are in benchmarks/results/2026-12-01_cpu-2core-skips/ (this script once lived there).
 # Skipped trials under a memory budget: does the search still run n_trials, and does TPE learn
 # from the skips? The same budget sweep at two commits, on a fresh study each.
 #   8092e1d: a skipped trial does not count against n_trials, and is told to Optuna as FAIL

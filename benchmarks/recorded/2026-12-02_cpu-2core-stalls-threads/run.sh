@@ -1,3 +1,4 @@
+# Kept as run; its outputs are in benchmarks/results/2026-12-02_cpu-2core-stalls-threads/ (this script once lived there).
 cd /work/main
 for mt in 2 1; do
   .venv/bin/python train.py dataset=custom dataset._target_=examples.stalls.StallingDataset model=tiny_cnn \

@@ -1,7 +1,8 @@
 #!/bin/bash
+# Kept as run; its outputs are in benchmarks/results/2026-12-01_cpu-2core-travel/ (this script once lived there).
 # Presets that travel, measured on one machine: a loader sweep with a memory budget and one
 # without, the same preset moved to other machines, loader=auto, and a run whose storage slows
-# down half-way. Run from a clean checkout: bash benchmarks/results/<this dir>/run.sh
+# down half-way. Run from a clean checkout: bash benchmarks/recorded/<this dir>/run.sh
 # (it writes presets into conf/loader/ of that checkout, and its outputs beside this script).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
