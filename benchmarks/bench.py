@@ -79,12 +79,13 @@ HEADLINE = (
         tuple(
             "--workloads photos docs --reuse-presets --contestants autotune tuned recipe"
             " --rounds 3 --seconds 40 --recipe-target 0.95 --cost-target 0.95"
-            " --tuning-seconds 15 --extra trainer.steady_state=false".split()
+            " --tuning-seconds 15 --extra trainer.steady_state=false trainer.warmup_steps=5"
+            " trainer.window_steps=5".split()
         ),
         "`loader=autotune` from scratch against the sweep's preset and `recipe`, 40 s runs"
         " in 3 alternating rounds, on photos (the loader stage's preset) and docs (held out;"
-        " its own sweep first); each run's warm-up its first 20 steps"
-        " (`trainer.steady_state=false`, every contestant alike)",
+        " its own sweep first); each run's warm-up its first 5 steps, its windows 5 steps or"
+        " a step a worker (every contestant alike: the whole run counts every sample)",
     ),
     Stage(
         "engine",
