@@ -310,7 +310,7 @@ def test_the_preset_it_writes_is_checked_not_searched_by_the_next_run(
     path.write_text(header + yaml.safe_dump(preset))
     again = feedrate.run(feedrate.compose(overrides, config_dir=conf), output_dir=tmp_path / "b")
     assert [f["setting"] for f in again["autotune"]["tried"]] == [report["chosen"]]
-    assert again["autotune"]["reason"].startswith("the preset holds")
+    assert again["autotune"]["rule"] == "preset-holds"
     assert again["autotune"]["preset"] is None  # the start, checked: nothing new to write
     # one that no longer holds (its figure far above what it reads now) is searched again,
     # from it (with room above it: its data still waits)
@@ -318,7 +318,7 @@ def test_the_preset_it_writes_is_checked_not_searched_by_the_next_run(
     path.write_text(header + yaml.safe_dump(preset))
     wider = [*overrides, "trainer.autotune.max_workers=64"]
     redo = feedrate.run(feedrate.compose(wider, config_dir=conf), output_dir=tmp_path / "c")
-    assert not redo["autotune"]["reason"].startswith("the preset holds")
+    assert redo["autotune"]["rule"] != "preset-holds"
     assert redo["autotune"]["tried"][0]["setting"] == report["chosen"]
     # loader=auto picks what autotune wrote (said as the run starts: one epoch will do)
     auto = [o.replace("loader=autotune", "loader=auto") for o in overrides[:-5]]

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 import feedrate
 from feedrate.costs import Costed, CostedCollate, TimedReads, split
 from feedrate.tuning.model import Costs, Pipeline, depth, headroom, predict, rate
-from feedrate.tuning.policy import Climb, Figure, Machine, Setting
+from feedrate.tuning.policy import WIDER, Climb, Figure, Machine, Setting
 
 BOTH = ("process", "thread")
 
@@ -510,7 +510,7 @@ def test_a_wider_pool_read_within_a_tenth_is_chosen_where_the_loop_waits_on_read
         ]
         choice = Climb(start, machine, window_s=2.0).choose(figures)
         assert choice.setting.num_workers == expected, choice.reason
-        assert ("its extra workers only wait" in choice.reason) == (expected == 64)
+        assert (choice.rule == WIDER) == (expected == 64)
 
 
 def test_a_narrower_step_already_measured_is_not_measured_again():

@@ -23,6 +23,13 @@ from feedrate.errors import FeedrateError
 
 GAIN = 0.10  # single measurements: another than the incumbent must measure this much faster
 
+# Which rule decided (Decision.rule, and the climb's Choice.rule): what a test checks and a
+# program reads; the reason is the same in words, for people
+HELD = "held"  # the incumbent, with nothing measured ``gain`` faster (single measurements)
+HELD_EQUAL = "held-equal"  # the incumbent, within ``margin`` of the fastest over the rounds
+FASTEST = "fastest"  # the fastest by the paired rounds
+CHEAPER_EQUAL = "cheaper-equal"  # a cheaper contestant within ``margin`` of the fastest
+
 
 class Measured(Protocol):
     """What the rules read of a contestant."""
@@ -125,6 +132,7 @@ class Decision:
     fastest: Measured
     best_baseline: Measured | None
     reason: str
+    rule: str = FASTEST  # HELD, HELD_EQUAL, FASTEST or CHEAPER_EQUAL
     contestants: list[Measured] = field(default_factory=list)
     # each measured contestant against the fastest: the paired ratio and its interval
     versus_fastest: dict[str, stats.Comparison | None] = field(default_factory=dict)
@@ -278,12 +286,14 @@ def decide(
     out = [c for c in contestants if c not in eligible]
     if held is not None and (held is not fastest or len(held.values) < stats.MIN_ROUNDS):
         reason = _held(held, eligible, versus, margin, gain)
+        rule = HELD if len(held.values) < stats.MIN_ROUNDS else HELD_EQUAL
     else:
         reason = _reason(
             winner, fastest, by_median, close, undecided, slower, versus, why_slower, margin
         )
+        rule = FASTEST if winner is fastest else CHEAPER_EQUAL
     reason += _left_out(contestants, out, over)
-    return Decision(winner, fastest, best_baseline, reason, contestants, versus, why_slower)
+    return Decision(winner, fastest, best_baseline, reason, rule, contestants, versus, why_slower)
 
 
 def _equal(versus: stats.Comparison | None, margin: float, gain: float | None) -> bool:

@@ -43,6 +43,7 @@ from feedrate.tuning.candidates import (
 )
 from feedrate.tuning.policy import (
     PROCESS,
+    UNTUNED,
     Choice,
     Climb,
     Figure,
@@ -192,7 +193,7 @@ class TuningLoader(Saved):
         self.tuning = self.budget_s >= MIN_BUDGET_S
         if not self.tuning:  # the start runs, untuned
             self.choice = Choice(
-                self.current, f"budget_s={budget_s:g} below {MIN_BUDGET_S:g} s", False
+                self.current, f"budget_s={budget_s:g} below {MIN_BUDGET_S:g} s", False, UNTUNED
             )
         self.spent_s = 0.0  # tuning seconds so far (in earlier processes too, after a resume)
         self.samples_tuning = 0

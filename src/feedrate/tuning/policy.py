@@ -106,17 +106,31 @@ class Machine:
     main_threads: int = 0
 
 
+# The climb's own rules, beside the decision's (feedrate.tuning.decide: HELD, FASTEST...)
+PRESET_HOLDS = "preset-holds"  # the start, a preset measured here, still reads its figure
+NOTHING_MEASURED = "nothing-measured"  # every setting failed: the start runs on
+UNTUNED = "untuned"  # a budget too small to measure anything: the start runs
+ON_THREADS = "on-threads"  # threads as fast as the processes chosen, without their memory
+WIDER = "wider"  # a wider pool as fast, where the loop still waited and reads mostly wait
+
+
 @dataclass(frozen=True)
 class Choice:
     setting: Setting
-    reason: str
+    reason: str  # in words, for people
     # measured at least GAIN faster than the start, or its workers on threads as fast
     # (within EQUIVALENCE) as the setting chosen on processes: worth a preset
     beats_start: bool
+    rule: str = ""  # which rule decided: decide.HELD, FASTEST..., or one of the climb's above
 
     @classmethod
     def from_dict(cls, data: dict) -> Choice:
-        return cls(Setting(**data["setting"]), data["reason"], data["beats_start"])
+        return cls(
+            Setting(**data["setting"]),
+            data["reason"],
+            data["beats_start"],
+            data.get("rule", ""),  # a checkpoint from before rules were kept
+        )
 
 
 def family(setting: Setting) -> tuple:
@@ -422,7 +436,8 @@ class Climb:
         best = self.best(figures)
         if best is None:
             failed = "; ".join(f"{f.setting.describe()}: {f.failed}" for f in figures if f.failed)
-            return Choice(self.start, f"nothing measured ({failed or 'no figure'})", False)
+            reason = f"nothing measured ({failed or 'no figure'})"
+            return Choice(self.start, reason, False, NOTHING_MEASURED)
         if self._confirmed(figures):
             start = figures[0]
             return Choice(
@@ -430,6 +445,7 @@ class Climb:
                 f"the preset holds: {start.samples_per_sec:,.1f} samples/s, within"
                 f" {self.gain:.0%} of the {self.recorded:,.1f} it records",
                 False,
+                PRESET_HOLDS,
             )
         once = {}
         for f in figures:  # a setting measured twice (a resume): its last figure that read
@@ -447,26 +463,26 @@ class Climb:
         incumbent = start.name if start is not None and not start.failures else None
         decision = decide(measured, incumbent=incumbent, gain=self.gain)
         chosen = next(s for s, c in once.items() if c is decision.winner)
-        reason = decision.reason
+        reason, rule = decision.reason, decision.rule
         threads = self._as_fast_on_threads(chosen, figures)
         wider = self._wider_as_fast(chosen, figures) if threads is None else None
         if threads is not None:
-            chosen = threads.setting
+            chosen, rule = threads.setting, ON_THREADS
             reason += (
                 f"; {chosen.describe()} measured {threads.samples_per_sec:,.1f} samples/s,"
                 f" within {EQUIVALENCE:.0%} of it (one window each), without a worker process"
                 " and its memory a worker: taken for that"
             )
         elif wider is not None:
-            chosen = wider.setting
+            chosen, rule = wider.setting, WIDER
             reason += (
                 f"; {chosen.describe()} measured {wider.samples_per_sec:,.1f} samples/s,"
                 f" within {2 * EQUIVALENCE:.0%} of it in a window its start-up shares, where"
                 " the loop still waited: taken, as its extra workers only wait"
             )
         if incumbent is None:
-            return Choice(chosen, f"{reason} (the start has no figure)", True)
-        return Choice(chosen, reason, chosen != self.start)
+            return Choice(chosen, f"{reason} (the start has no figure)", True, rule)
+        return Choice(chosen, reason, chosen != self.start, rule)
 
     @staticmethod
     def _wider_as_fast(chosen: Setting, figures: list[Figure]) -> Figure | None:

@@ -39,6 +39,7 @@ class Saved:
             "tried": [asdict(f) for f in self.figures],
             "chosen": self.choice.setting.as_dict() if self.choice else None,
             "reason": self.choice.reason if self.choice else "still tuning",
+            "rule": self.choice.rule if self.choice else "",
             "preset": self.written,
             "earlier": self.earlier,
             "predictions": self.climb.prediction_report(self.figures),
