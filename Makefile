@@ -34,7 +34,7 @@ test-fast: $(STAMP)
 sweep: $(STAMP)
 	$(PY) train.py -m sweep=loader
 
-# The headline benches (about 30 minutes here), from a clean tree: each result folder records
+# The headline benches (about 33 minutes here), from a clean tree: each result folder records
 # the commit, the machine and the date, and a figure of uncommitted code would name a commit it
 # was not measured at. bench-full: every workload of each bench (hours).
 bench: $(STAMP) clean-tree

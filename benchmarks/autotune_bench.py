@@ -43,6 +43,7 @@ from feedrate.hardware import detect
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 from loader_bench import WORKLOADS, preset_name, run_sweep  # noqa: E402
 
 DEFAULT_WORKLOADS = ["synthetic", "photos", "tiles"]
@@ -268,12 +269,7 @@ def table(
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = common.figure(figsize=(8, 4.5))
     width = 0.25
     names = list(results)
     for i, name in enumerate(CONTESTANTS):
@@ -283,15 +279,12 @@ def plot(results: dict, path: Path) -> None:
             if not values:
                 continue
             x = j + (i - 1) * width
-            ax.bar(x, statistics.median(values), width, color=f"C{i}", label=name if j == 0 else "")
-            ax.plot([x] * len(values), values, "k.", markersize=4)
+            common.rounds_bar(ax, x, values, width, f"C{i}", name if j == 0 else "")
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("samples/s over the whole run (tuning included)")
     ax.set_title("loader=autotune against the sweep's preset and the recipe (dots: rounds)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save(fig, path)
 
 
 def main() -> int:

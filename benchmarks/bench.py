@@ -1,4 +1,4 @@
-"""``make bench``: the headline figures of the code as it is, in about 30 minutes on 2 cores.
+"""``make bench``: the headline figures of the code as it is, in about 33 minutes on 2 cores.
 
     python benchmarks/bench.py              # make bench: the headline, three folders
     python benchmarks/bench.py --full       # make bench-full: every workload, hours

@@ -720,11 +720,13 @@ def _clean_clones() -> list[tuple[str, str, dict]]:
     out = []
     for folder in suites():
         report = json.loads((RESULTS / folder / "results.json").read_text())
-        machine = report["machine"].split(",")[0].split(" (")[0]
-        named = re.search(r"(AMD EPYC|Intel Xeon)", machine)
-        if " | " in machine:  # suite_time.py records the fingerprint: "AMD EPYC 7B13 | 2 ..."
-            cores = re.search(r"\((\d+) usable\)", machine)
-            machine = f"{cores[1] if cores else '?'}-core {named[1] if named else machine} VM"
+        said = report["machine"]
+        machine = said.split(",")[0].split(" (")[0]
+        if " | " in said:  # suite_time.py records the fingerprint: "AMD EPYC | 2 physical ..."
+            named = re.search(r"(AMD EPYC|Intel Xeon)", said)
+            cores = re.search(r"\(([\d.]+) usable\)", said)
+            cpu = named[1] if named else said.split(" | ")[0]
+            machine = f"{cores[1] if cores else '?'}-core {cpu} VM"
         out += [(folder, machine, run) for run in report["clean_clone"]]
     return out
 

@@ -26,6 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import common  # noqa: E402
 
 from feedrate import stats  # noqa: E402
 from feedrate.environment import git_commit  # noqa: E402
@@ -105,27 +108,18 @@ def table(results: dict, header: str) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = common.figure(figsize=(6, 4))
     for j, res in enumerate(results.values()):
         for i, name in enumerate(CONTESTANTS):
             values = [x["samples_per_sec"] for x in res["rows"] if x["name"] == name and x["ok"]]
             if values:
                 x = j + (i - 0.5) * 0.35
-                label = name if j == 0 else ""
-                ax.bar(x, statistics.median(values), 0.35, color=f"C{i}", label=label)
-                ax.plot([x] * len(values), values, "k.", markersize=5)
+                common.rounds_bar(ax, x, values, 0.35, f"C{i}", name if j == 0 else "")
     ax.set_xticks(range(len(results)), list(results))
     ax.set_ylabel("samples/s over the whole run (tuning included)")
     ax.set_title("autotune_loader against the recipe, same loop (dots: rounds)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save(fig, path)
 
 
 def main() -> int:

@@ -40,6 +40,7 @@ from feedrate.sweep.trial import Fresh, run_trial
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 from loader_bench import MEASURE, WORKLOADS, grid_points, run_sweep  # noqa: E402
 
 DEFAULT_WORKLOADS = ["synthetic", "photos"]
@@ -212,12 +213,7 @@ def table(results: dict, ranks: int) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+    fig, axes = common.figure(ncols=len(results), figsize=(6 * len(results), 4), squeeze=False)
     for ax, (workload, res) in zip(axes[0], results.items(), strict=True):
         m = res["verdicts"]["medians"]
         names = [n for n in (TUNED, BEST_GRID, LIGHTNING, DIVIDED, RECIPE) if n in m]
@@ -225,9 +221,7 @@ def plot(results: dict, path: Path) -> None:
         ax.set_title(f"{workload}: {res['ranks']} ranks, job samples/s")
         ax.set_ylabel("samples/s (sum over ranks)")
         ax.tick_params(axis="x", rotation=20)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save(fig, path)
 
 
 def settings_of(path: Path) -> str:

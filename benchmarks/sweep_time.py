@@ -20,11 +20,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from feedrate.environment import git_commit
 from feedrate.hardware import detect
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 from loader_bench import (  # noqa: E402 - the bench's own sweep and fidelity runs
     FIDELITY,
     WORKLOADS,
@@ -182,18 +182,14 @@ def main() -> int:
         )
     text = table(rows, args.steady_seconds)
     print("\n" + text)
-    command = " ".join([Path(sys.executable).name, *sys.argv])
     report = {
-        "date": datetime.now().isoformat(timespec="seconds"),
-        "command": command,
-        "commit": git_commit(),
-        "machine": fp.as_dict(),
+        **common.provenance(fp),
         "trials": "fresh processes" if args.fresh else "warm trial hosts",
         "steady_seconds": args.steady_seconds,
         "rows": rows,
     }
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "table.md").write_text(f"`{command}` ({fp.short()})\n\n{text}")
+    (out / "table.md").write_text(f"`{report['command']}` ({fp.short()})\n\n{text}")
     plot(rows, out / "sweep_time.png")
     print(f"wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'sweep_time.png'}")
     return 0

@@ -25,13 +25,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from feedrate import stats
-from feedrate.environment import git_commit
 from feedrate.hardware import detect
 from feedrate.sweep.host import Host
 from feedrate.sweep.trial import Fresh, run_trial
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 from loader_bench import MEASURE, WORKLOADS  # noqa: E402 - the bench's workloads, as they are
 
 
@@ -158,12 +158,8 @@ def main() -> int:
     summary = summarise(rows, args.workers)
     text = table(summary)
     print("\n" + text)
-    command = " ".join([Path(sys.executable).name, *sys.argv])
     report = {
-        "date": datetime.now().isoformat(timespec="seconds"),
-        "command": command,
-        "commit": git_commit(),
-        "machine": fp.as_dict(),
+        **common.provenance(fp),
         "workload": args.workload,
         "overrides": WORKLOADS[args.workload],
         "rounds": args.rounds,
@@ -172,7 +168,9 @@ def main() -> int:
         "runs": rows,
     }
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "table.md").write_text(f"`{command}` ({args.workload}, {fp.short()})\n\n{text}")
+    (out / "table.md").write_text(
+        f"`{report['command']}` ({args.workload}, {fp.short()})\n\n{text}"
+    )
     plot(summary, out / "warm_vs_fresh.png", f"{args.workload}: {args.rounds} paired rounds")
     print(f"wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'warm_vs_fresh.png'}")
     return 0
