@@ -739,11 +739,19 @@ def suite_summary(doc: Path) -> str:
         newest[machine] = (folder, run)
     lines = [
         f"- {machine}: **{run['real_s']:.1f} s** in all, {run['tests_s']:.1f} s of tests"
-        f" ({run['passed']} passed), at {run['code'][:7]}{staleness(run['code'], SUITE)}"
+        f" ({run['passed']} passed{failed(run)}), at {run['code'][:7]}"
+        f"{staleness(run['code'], SUITE)}"
         for machine, (_, run) in newest.items()
     ]
     folders = list(dict.fromkeys(f for f, _ in newest.values()))
     return cited(lines, folders, doc, each_run=True)
+
+
+def failed(run: dict) -> str:
+    """``, 1 failed`` where a run of the CI job failed tests (suite_time.py records it)."""
+    said = run.get("failed") or 0
+    count = len(said) if isinstance(said, list) else said  # earlier rows name the tests
+    return f", {count} failed" if count else ""
 
 
 def suite_time(doc: Path) -> str:
@@ -755,7 +763,7 @@ def suite_time(doc: Path) -> str:
     for _, machine, run in _clean_clones():
         rows.append(
             f"| {machine} | {run['code'][:7]} | {run['real_s']:.1f} | {run['tests_s']:.1f} |"
-            f" {run['install_s']:.1f} | {run['passed']} | {run.get('note', '')} |"
+            f" {run['install_s']:.1f} | {run['passed']}{failed(run)} | {run.get('note', '')} |"
         )
     return cited(rows, suites(), doc, each_run=True)
 
@@ -954,15 +962,18 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def render(doc: Path) -> tuple[str, list[str]]:
-    """``doc`` with every generated block written from its results; the blocks' names."""
+    """``doc`` with every generated block written from its results; the names of the blocks
+    whose text that changes."""
     text, names = doc.read_text(), []
 
     def fill(m: re.Match) -> str:
         name = m["name"]
         if name not in TABLES:
             raise SystemExit(f"{doc}: no table named {name!r}; known: {', '.join(TABLES)}")
-        names.append(name)
-        return m.group(1) + TABLES[name](doc) + m.group(4)
+        body = TABLES[name](doc)
+        if body != m["body"]:
+            names.append(name)
+        return m.group(1) + body + m.group(4)
 
     return BLOCK.sub(fill, text), names
 
