@@ -5,10 +5,11 @@ and ``.ci/run`` run there (creating .venv, installing, ``make test``), timed.
     python benchmarks/suite_time.py --note "after moving the slow tests apart"
 
 Each run is a new folder ``<date>_<machine>-suite`` (``-b``, ``-c``... where that name is
-taken: every run counts) with ``results.json``, ``log.txt`` (the job's whole output),
-``command.txt`` and a README. The install's seconds run from the start to pytest's first
-line; the tests' are pytest's own figure. The README's and docs/install.md's suite tables are
-generated from these folders (``python benchmarks/doc_tables.py --write``); a run is stale
+taken: every run counts) with ``results.json``, ``command.txt``, a README and the job's whole
+output (``log.txt``, packed into ``raw.tar.gz``). The install's seconds run from the start
+to pytest's first line; the tests' are pytest's own figure. The README's and
+docs/install.md's suite tables are generated from these folders (``python
+benchmarks/doc_tables.py --write``); a run is stale
 once the code, the tests or the set-up changed after its commit (benchmarks/depends.py).
 Run it on a quiet machine: a job beside it shares the cores with the suite.
 """
@@ -132,8 +133,12 @@ def main() -> int:
         f"Commit: {commit}.\n\n"
         f"Date: {began:%Y-%m-%d %H:%M} to {ended:%H:%M} UTC.\n\n"
         f"Result: {shown}; {run['passed']} passed, {run['failed']} failed,"
-        f" {run['skipped']} skipped; exit {run['exit']}. The job's output: `log.txt`.\n"
+        f" {run['skipped']} skipped; exit {run['exit']}. The job's output: `log.txt` in"
+        " `raw.tar.gz`.\n"
     )
+    import pack_results
+
+    pack_results.pack(out)  # log.txt into raw.tar.gz, as every folder keeps its raw output
     print(f"suite_time: {shown} (exit {run['exit']}) -> {out}", flush=True)
     return 0 if run["exit"] == 0 else 1
 
