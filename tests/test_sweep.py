@@ -595,6 +595,46 @@ def test_trials_past_the_seeds_bound_are_skipped_not_run(compose, monkeypatch):
     assert top.bound is None, "a bound at the top seed bounds nothing"
 
 
+# What trial 1 of a photos sweep on 2 cores measured a batch of 64 cost (3 workers, 387
+# samples/s): 0.2 s of a core in a worker, so the cores hold any pool past 2 workers.
+PHOTOS_COSTS = {
+    "batch_size": 64.0,
+    "worker_s": 0.425,
+    "worker_cpu_s": 0.198,
+    "queued_s": 0.214,
+    "collate_s": 0.028,
+    "tail": 1.19,
+    "step_s": 0.112,
+    "step_cpu_s": 0.092,
+    "handoff_s": 0.0003,
+    "nbytes": 9634304.0,
+    "measured_on": {"num_workers": 3, "prefetch_factor": 2, "engine": "process"},
+}
+
+
+def test_trials_twice_as_wide_as_a_pool_the_cores_hold_are_skipped_not_run(compose, monkeypatch):
+    monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 2.0)
+    base = ["sweep=loader", "sweep.max_workers=64"]
+    search = Search()
+    wide = compose(*base, "loader.num_workers=48", "loader.prefetch_factor=8")
+    assert search.past_model(wide) is None, "no costs measured yet: nothing to predict from"
+    search.learn_costs(3, 250.0, {"costs": PHOTOS_COSTS, "abandoned": "below half the best"})
+    assert search.past_model(wide) is None, "a trial that stopped early ran at another load"
+    search.learn_costs(1, 387.0, {"costs": PHOTOS_COSTS})
+    search.learn_costs(0, 341.0, {"costs": {**PHOTOS_COSTS, "worker_cpu_s": 0.02}})
+    assert search.costs is not None and search.costs[2] == 1, "the fastest trial's costs"
+    skip = search.past_model(wide)
+    assert skip is not None and skip.reason.startswith("48 workers: from trial 1's costs")
+    assert "24 of them held by the cores" in skip.reason
+    assert search.past_model(compose(*base, "loader.num_workers=5")) is None, "2 would not be"
+    assert search.past_model(compose(*base, "loader.num_workers=6")) is not None
+    off = compose(*base, "sweep.bound_by_model=false", "loader.num_workers=48")
+    assert search.past_model(off) is None
+    slow_reads = Search()  # a read that waits 60 ms a sample: the workers hold 24 of them
+    slow_reads.learn_costs(1, 387.0, {"costs": {**PHOTOS_COSTS, "worker_s": 3.9}})
+    assert slow_reads.past_model(wide) is None
+
+
 def test_threads_are_searched_where_the_model_shares_the_cpu(compose, monkeypatch):
     monkeypatch.setattr("feedrate.sweep.space.hardware.usable_cores", lambda: 2.0)
     monkeypatch.setattr("feedrate.hardware.pytorch_threads", lambda: 4)

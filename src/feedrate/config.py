@@ -420,6 +420,9 @@ class SweepConfig:
     # counts past the first of those seeds are not searched (each costs its start-up and
     # finds nothing: the rate falls there). false: search up to max_workers all the same.
     bound_by_seeds: bool = True
+    # No trial twice as wide as a pool the model, from the fastest trial's costs, rates held
+    # by the step, the cores or the GIL: its other half would only wait. false: run them.
+    bound_by_model: bool = True
     # Search loader.worker_threads and loader.main_threads too; null: where the model trains
     # on the CPU the workers use (not on a GPU, where one thread a worker is the norm).
     search_threads: bool | None = None

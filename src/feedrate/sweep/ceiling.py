@@ -263,7 +263,7 @@ def costs_gap(config: DictConfig, winner: Contestant) -> dict | None:
     settings reach alone (:func:`feedrate.tuning.model.bounds`), against the rate it trained
     at. None where its runs reported no costs (``trainer.costs=false``)."""
     from feedrate.sweep.climb import machine
-    from feedrate.tuning.model import HELD_BY, Costs, Pipeline, bounds
+    from feedrate.tuning.model import HELD_BY, Costs, bounds
 
     if winner.median is None:
         return None
@@ -273,8 +273,7 @@ def costs_gap(config: DictConfig, winner: Contestant) -> dict | None:
         return None
     median = min(ran, key=lambda r: abs(r.value - winner.median))  # its typical run
     costs = Costs.from_dict(median.metrics["costs"])
-    m = machine(config)
-    pipe = Pipeline(m.cores, m.max_workers, m.engines, main_threads=m.main_threads)
+    pipe = machine(config).pipeline()
     setting = costs.measured_on
     if setting is None:
         return None

@@ -49,7 +49,8 @@ def setting_of(params: dict) -> Setting | None:
     workers = params.get(WORKERS)
     if workers is None:
         return None
-    engine = str(params.get(ENGINE) or PROCESS)
+    engine = params.get(ENGINE) or PROCESS
+    engine = str(getattr(engine, "value", engine))  # an Engine of a composed config
     return Setting(int(workers), params.get(DEPTH), engine, params.get(THREADS) or None)
 
 

@@ -3,6 +3,9 @@ and when it ends. A pure object the trial launcher asks and tells (it runs the t
 
 - the worker bound the seeds set once the rate falls past the best (``sweep.bound_by_seeds``:
   :func:`~feedrate.sweep.space.worker_bound`): trials past it are skipped, not run;
+- the worker bound the model sets from the fastest trial's costs (``sweep.bound_by_model``:
+  :meth:`Search.past_model`): a trial twice as wide as a pool the model already rates held
+  by the step or the cores is skipped, not run;
 - the floor below which a trial is ended early (``sweep.abandon_below`` of the best so far);
 - the stop near the ceiling (``sweep.stop_within``), once a second run agrees.
 """
@@ -18,6 +21,7 @@ from feedrate.sweep import ceiling
 from feedrate.sweep.ceiling import read_ceiling
 from feedrate.sweep.feasibility import Skip
 from feedrate.sweep.space import max_workers, seed_workers, worker_bound
+from feedrate.tuning.model import HELD_BY, Costs, past_the_workers, rate
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,8 @@ class Search:
         # the best figure at each worker count (sweep.bound_by_seeds), and the bound they set
         self.best_at: dict[int, float] = {}
         self.bound: tuple[int, str] | None = None
+        # the fastest trial that said what its batches cost: its figure, its costs, its name
+        self.costs: tuple[float, Costs, int] | None = None
 
     def took(self, value: float) -> None:
         """A trial measured ``value``: the best so far."""
@@ -58,6 +64,53 @@ class Search:
         if bound is not None and (self.bound is None or bound[0] != self.bound[0]):
             log.info("%s (sweep.bound_by_seeds=false searches them all)", bound[1])
         self.bound = bound
+
+    def learn_costs(self, idx: int, value: float, metrics: dict) -> None:
+        """Keep the costs (metrics.json ``costs``) of the fastest trial that measured them
+        over its whole window: the load a prediction is made for (a trial that stopped
+        early was measured at another)."""
+        costs = metrics.get("costs")
+        if not isinstance(costs, dict) or metrics.get("abandoned"):
+            return
+        if self.costs is None or value > self.costs[0]:
+            self.costs = (value, Costs.from_dict(costs), idx)
+
+    def past_model(self, config: DictConfig) -> Skip | None:
+        """A skip for a trial of ``n`` workers where the model, from the fastest trial's
+        costs, rates a pool of ``n / 2`` of the same setting held by something other than its
+        workers (the step, the cores, the GIL), even a quarter narrower
+        (:func:`~feedrate.tuning.model.past_the_workers`): the other half would only wait, and
+        pays its start-up in the trial's window (photos on 2 cores: a sampled 48 workers took
+        28 s to read 233 samples/s, where the model had the cores hold 3 workers at 611). The
+        climb's own trials stay within it: the model's width has at most 1.9x the workers it
+        needs, and a step wider is 1.5x (``sweep.bound_by_model=false`` searches them all)."""
+        sweep = config.get("sweep")
+        if self.costs is None or not sweep or not sweep.get("bound_by_model"):
+            return None
+        from feedrate.sweep.climb import machine, setting_of
+        from feedrate.sweep.space import DEPTH, ENGINE, WORKERS
+
+        loader = config.loader
+        params = {
+            WORKERS: loader.get("num_workers"),
+            DEPTH: loader.get("prefetch_factor"),
+            ENGINE: loader.get("engine"),
+            "loader.main_threads": loader.get("main_threads"),
+        }
+        setting = setting_of(params)
+        if setting is None or setting.num_workers < 2:
+            return None
+        _, costs, idx = self.costs
+        half = dataclasses.replace(setting, num_workers=setting.num_workers // 2)
+        pipe = machine(config).pipeline()
+        if not past_the_workers(costs, half, pipe):
+            return None
+        predicted, bound = rate(costs, half, pipe)
+        return Skip(
+            f"{setting.num_workers} workers: from trial {idx}'s costs the model rates"
+            f" {half.num_workers} of them held by {HELD_BY[bound]} at {predicted:,.0f}"
+            f" samples/s; the rest would only wait (sweep.bound_by_model=false runs it)"
+        )
 
     def _read_ceiling(self, config: DictConfig) -> None:
         """``ceilings.json``, once: the ceiling the search stops near, and the worker count

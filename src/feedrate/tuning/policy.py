@@ -105,6 +105,10 @@ class Machine:
     # shares the cores with the workers); 0: the climb does not turn them
     main_threads: int = 0
 
+    def pipeline(self) -> Pipeline:
+        """The machine as the model predicts for it."""
+        return Pipeline(self.cores, self.max_workers, self.engines, main_threads=self.main_threads)
+
 
 # The climb's own rules, beside the decision's (feedrate.tuning.decide: HELD, FASTEST...)
 PRESET_HOLDS = "preset-holds"  # the start, a preset measured here, still reads its figure
@@ -232,8 +236,7 @@ class Climb:
 
     @property
     def pipeline(self) -> Pipeline:
-        m = self.machine
-        return Pipeline(m.cores, m.max_workers, m.engines, main_threads=m.main_threads)
+        return self.machine.pipeline()
 
     @staticmethod
     def _costs(figures: list[Figure]) -> Costs | None:

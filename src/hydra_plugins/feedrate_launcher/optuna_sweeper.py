@@ -228,8 +228,8 @@ def _say_skips(ran: int, wanted: int, skipped: int) -> None:
     if skipped:
         log.info(
             "%d of %d trials run; %d more were skipped before running (predicted not to fit,"
-            " or past the workers the seeds bound; each reason in trials.csv; pruned for"
-            " Optuna) and did not count against hydra.sweeper.n_trials",
+            " or past the workers the seeds or the model bound; each reason in trials.csv;"
+            " pruned for Optuna) and did not count against hydra.sweeper.n_trials",
             *(ran, wanted, skipped),
         )
 

@@ -120,7 +120,11 @@ class FeedrateTrialLauncher(Launcher):
             job_dir = Path(sweep_config.hydra.sweep.dir) / str(sweep_config.hydra.sweep.subdir)
             fixed = set(self.config.hydra.overrides.task)
             shown = " ".join(o for o in filter_overrides(overrides) if o not in fixed)
-            skip = self.guard.check(sweep_config) or self.search.past_bound(sweep_config)
+            skip = (
+                self.guard.check(sweep_config)
+                or self.search.past_bound(sweep_config)
+                or self.search.past_model(sweep_config)
+            )
             if skip:
                 self.skips[idx] = skip.reason
                 predicted = (  # the report draws it at the memory it would have used
@@ -155,6 +159,7 @@ class FeedrateTrialLauncher(Launcher):
                 ret.return_value = result.value
                 self.figures[idx] = figure_attrs(result.metrics)
                 self.search.took(result.value)
+                self.search.learn_costs(idx, result.value, result.metrics)
                 self._log_trial(idx, shown, objective, result)
                 self.search.learn_bound(sweep_config, result.value)
                 confirm = functools.partial(
