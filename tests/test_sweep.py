@@ -331,6 +331,38 @@ def test_a_contestant_shown_slower_after_three_rounds_is_not_measured_further():
     assert "significantly slower than" in three[0].dropped and not three[1].dropped
 
 
+def test_when_the_budget_leaves_no_third_round_only_those_behind_in_both_stop():
+    """Photos on 2 cores, the first two final rounds: three of four contestants at 0.65-0.85
+    of trial 3 in both; the sweep's budget left no room for a third round of all four."""
+    from feedrate.tuning.decide import behind_every_round
+
+    default = _contestant("default", [311, 347], True, workers=0)
+    recipe = _contestant("recipe", [387, 431], True, workers=4)
+    other = _contestant("trial 5", [379, 409], False, workers=5)
+    best = _contestant("trial 3", [477, 506], False, workers=5)
+    one = [_contestant(c.name, c.values[:1], c.is_baseline) for c in (default, best)]
+    assert behind_every_round(one, 0.10, "budget") == [], "one round is no pattern"
+    behind = behind_every_round([default, recipe, other, best], 0.10, "budget")
+    assert behind == [default, recipe, other] and not best.dropped
+    assert recipe.dropped.startswith("behind trial 3 by more than 10% in each of its 2 rounds")
+    d = decide([default, recipe, other, best])
+    assert d.winner is best and d.why_slower["recipe"] == recipe.dropped
+    close = _contestant("trial 1", [470, 455], False, workers=3)  # 0.99x, then 0.90x
+    fast = _contestant("trial 3", [477, 506], False, workers=5)
+    assert behind_every_round([close, fast], 0.10, "budget") == [], "within 10% once"
+
+
+def test_the_sweeps_time_counts_the_command_from_its_start():
+    from feedrate.sweep.callback import Phases, _command_age
+
+    now = iter([100.0, 130.0, 130.0, 150.0])
+    phases = Phases(clock=lambda: next(now), started_s=5.0)
+    phases.done("search")
+    assert phases.elapsed() == 35.0, "the 5 s before the sweep began count toward its budget"
+    phases.done("final")
+    assert phases.describe() == "55 s: start 5, search 30, final 20"
+    assert 0 < _command_age() < time.time() - psutil.boot_time()
+
 def test_a_contestant_within_the_margin_of_the_fastest_is_not_dropped():
     # significantly slower over the paired rounds, by 1%: equal for practical purposes
     fast = _contestant("trial 2", [1000, 1010, 990, 1005], False, workers=8)
@@ -633,6 +665,15 @@ def test_trials_twice_as_wide_as_a_pool_the_cores_hold_are_skipped_not_run(compo
     slow_reads = Search()  # a read that waits 60 ms a sample: the workers hold 24 of them
     slow_reads.learn_costs(1, 387.0, {"costs": {**PHOTOS_COSTS, "worker_s": 3.9}})
     assert slow_reads.past_model(wide) is None
+
+
+def test_the_model_bounds_the_samplers_trials_not_those_asked_by_name():
+    from hydra_plugins.feedrate_launcher.optuna_sweeper import _by_name
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(0))
+    study.enqueue_trial({"loader.num_workers": 8})  # the climb's wider step
+    batch = [study.ask(), study.ask()]
+    assert _by_name(study, batch) == [0], "the first was asked by name, the second sampled"
 
 
 def test_threads_are_searched_where_the_model_shares_the_cpu(compose, monkeypatch):

@@ -403,7 +403,9 @@ class SweepConfig:
     equivalence: float = 0.05
     final_seconds: float = 3.0  # measured window of each final run, after its warm-up
     # The sweep's time, seconds: past the third final round, none starts that would end after it
-    # (a tie not settled by then goes to the fastest by the paired rounds). null: no bound.
+    # (a tie not settled by then goes to the fastest by the paired rounds). Where the third
+    # would, a contestant 2 x equivalence behind in both rounds is measured no further.
+    # null: no bound.
     budget_s: float | None = 120.0
     # Before searching, loader-only and compute-only are measured; the search stops when a
     # trial reaches (1 - stop_within) of the ceiling they make. false (the default): the

@@ -63,6 +63,7 @@ from feedrate.sweep.trial import (
 )
 from feedrate.tuning.decide import (
     Decision,
+    behind_every_round,
     clearly_slower,
     decide,
     described,
@@ -81,9 +82,12 @@ log = logging.getLogger(__name__)
 class Phases:
     """Where the sweep's wall time went: the ceilings, the search, the final rounds, the gap."""
 
-    def __init__(self, clock=time.monotonic) -> None:
+    def __init__(self, clock=time.monotonic, started_s: float = 0.0) -> None:
+        """``started_s``: how long the command ran before the sweep began (Python, its
+        imports, Hydra's composing; 5 s of a photos sweep here), its first phase: the
+        budget (``sweep.budget_s``) is the command's time, as its user waits for it."""
         self.clock = clock
-        self.seconds: dict[str, float] = {}
+        self.seconds: dict[str, float] = {"start": round(started_s, 1)} if started_s else {}
         self._last = clock()
 
     def done(self, phase: str) -> None:
@@ -99,6 +103,16 @@ class Phases:
         """``312 s: ceilings 25, search 114, final 165, gap 8``"""
         parts = ", ".join(f"{k} {v:.0f}" for k, v in self.seconds.items())
         return f"{sum(self.seconds.values()):.0f} s: {parts}"
+
+
+def _command_age() -> float:
+    """Seconds since this process started."""
+    import psutil
+
+    return max(0.0, time.time() - psutil.Process().create_time())
+
+
+REPORT_S = 3.0  # the decision, the report's plots and the preset after the last round (2-3 s here)
 
 
 class SweepFailed(FeedrateError):
@@ -173,7 +187,7 @@ class LoaderSweep(Callback):
             _fail(exc)
 
     def _start(self, config: DictConfig) -> None:
-        self._phases = Phases()
+        self._phases = Phases(started_s=_command_age())
         name = config.sweep.preset_name
         path = preset_file(preset_config_dir(config.hydra), name, "sweep")
         check_writable(path, config.sweep.overwrite)
@@ -365,7 +379,11 @@ class LoaderSweep(Callback):
         is the most, and past the third no round starts that would end after
         ``sweep.budget_s`` of the sweep (as long as the last round took): a tie the rounds
         have not settled by then goes to the fastest by the paired rounds, as any undecided
-        contestant does. A finalist's search run is not one of them: chosen for being high, it
+        contestant does. Where even the third would end past it, a contestant behind the
+        fastest by more than twice ``sweep.equivalence`` in each of the first two rounds is
+        measured no further (:func:`~feedrate.tuning.decide.behind_every_round`; photos on 2
+        cores: three of four contestants at 0.65-0.85 of the fastest in both, 6 s a run). A
+        finalist's search run is not one of them: chosen for being high, it
         is biased high. Returns those left."""
         from tqdm import tqdm
 
@@ -410,17 +428,32 @@ class LoaderSweep(Callback):
             for c in drop_shown_slower(contestants, config.sweep.equivalence, looks):
                 bar.write(f"{c.label}: {c.dropped}")
                 bar.total -= rounds - r - 1
+            last_round_s = time.monotonic() - began
+            short = stats.MIN_ROUNDS - (r + 1)  # the rounds an interval still needs
+            ends = phases.elapsed() + REPORT_S  # were the rounds to stop now
+            if budget is not None and short > 0 and ends + short * last_round_s > budget:
+                why = (
+                    f"{short} more round(s) ({short * last_round_s:.0f} s) would end the sweep"
+                    f" past sweep.budget_s={budget:g} s (at {phases.elapsed():.0f} s now)"
+                )
+                lead = 2 * config.sweep.equivalence
+                for c in behind_every_round(contestants, lead, why):
+                    bar.write(f"{c.label}: {c.dropped}")
+                    bar.total -= rounds - r - 1
+                if sum(not c.dropped for c in contestants) == 1:
+                    bar.write(f"after {r + 1} rounds one contestant is left: the rest were behind")
+                    bar.total = bar.n
+                    break
             if r + 1 < rounds and settled(contestants, config.sweep.equivalence, looks):
                 bar.write(
                     f"settled after {r + 1} rounds: every contestant is significantly slower"
                     f" than another or within {config.sweep.equivalence:.0%} of the fastest"
                 )
                 break
-            last_round_s = time.monotonic() - began
             if (
                 budget is not None
                 and stats.MIN_ROUNDS <= r + 1 < rounds
-                and phases.elapsed() + last_round_s > budget
+                and ends + last_round_s > budget
             ):
                 log.info(
                     "final rounds: stopped after %d, unsettled: one more (%.0f s) would end the"

@@ -81,9 +81,9 @@ class Search:
         workers (the step, the cores, the GIL), even a quarter narrower
         (:func:`~feedrate.tuning.model.past_the_workers`): the other half would only wait, and
         pays its start-up in the trial's window (photos on 2 cores: a sampled 48 workers took
-        28 s to read 233 samples/s, where the model had the cores hold 3 workers at 611). The
-        climb's own trials stay within it: the model's width has at most 1.9x the workers it
-        needs, and a step wider is 1.5x (``sweep.bound_by_model=false`` searches them all)."""
+        28 s to read 233 samples/s, where the model had the cores hold 3 workers at 611). Only
+        the sampler's trials are bounded: the seeds and the climb's settings are asked by name
+        (``sweep.bound_by_model=false`` searches them all)."""
         sweep = config.get("sweep")
         if self.costs is None or not sweep or not sweep.get("bound_by_model"):
             return None

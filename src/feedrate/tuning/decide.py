@@ -126,6 +126,31 @@ def drop_clearly_slower(contestants: list[Measured]) -> list[Measured]:
     return out
 
 
+def behind_every_round(contestants: list[Measured], lead: float, why: str) -> list[Measured]:
+    """Mark the contestants below ``1 - lead`` of the fastest (by the paired rounds) in every
+    round both ran, two at least, as measured no further for ``why``; returns them. Not a
+    verdict: a decision that cannot wait for the rounds an interval needs (the sweep's time
+    budget) keeps measuring only those it could still choose."""
+    live = [c for c in contestants if c.values and not c.failures and not c.dropped]
+    if len(live) < 2:
+        return []
+    fastest = stats.fastest(live, _per_round)
+    top = fastest.per_round()
+    out = []
+    for c in live:
+        mine = c.per_round()
+        common = [r for r in mine if r in top]
+        if c is fastest or len(common) < 2:
+            continue
+        if all(mine[r] < (1 - lead) * top[r] for r in common):
+            c.dropped = (
+                f"behind {fastest.label} by more than {lead:.0%} in each of its {len(common)}"
+                f" rounds; not measured further: {why}"
+            )
+            out.append(c)
+    return out
+
+
 @dataclass
 class Decision:
     winner: Measured

@@ -99,6 +99,8 @@ class FeedrateOptunaSweeper(OptunaSweeper):
                 asked += batch
                 overrides = impl._configure_trials(batch, space, fixed, fixed_overrides)
                 first = impl.job_idx
+                if hasattr(launcher, "asked"):  # enqueued by name: a seed, or the climb's
+                    launcher.asked |= {first + i for i in _by_name(study, batch)}
                 beat = Heartbeat(batch, stale_after / 6) if stale_after else nullcontext()
                 with beat:
                     returns = launcher.launch(overrides, initial_job_idx=first)
@@ -222,6 +224,18 @@ def _climb(study: optuna.Study, config) -> None:
     attrs = {PREDICTED_KEY: predicted} if predicted else None
     study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
     log.info("%s", said)
+
+
+def _by_name(study: optuna.Study, batch: list[optuna.trial.Trial]) -> list[int]:
+    """The places in ``batch`` of trials asked by name (``study.enqueue_trial``: a seed, or
+    the climb's setting), not proposed by the sampler."""
+    numbers = {t.number for t in batch}
+    named = {
+        t.number
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if t.number in numbers and "fixed_params" in t.system_attrs
+    }
+    return [i for i, t in enumerate(batch) if t.number in named]
 
 
 def _say_skips(ran: int, wanted: int, skipped: int) -> None:

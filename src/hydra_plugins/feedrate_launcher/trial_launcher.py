@@ -76,6 +76,9 @@ class FeedrateTrialLauncher(Launcher):
         # job index -> what a completed trial measured besides its value: the sweeper keeps
         # it on the trial, where the climb reads it (feedrate.sweep.climb)
         self.figures: dict[int, dict] = {}
+        # job indices the sweeper asked by name (the seeds, the climb's settings), not the
+        # sampler: the model's bound does not skip them (the climb already chose them)
+        self.asked: set[int] = set()
 
     @property
     def stop_reason(self) -> str | None:
@@ -123,7 +126,7 @@ class FeedrateTrialLauncher(Launcher):
             skip = (
                 self.guard.check(sweep_config)
                 or self.search.past_bound(sweep_config)
-                or self.search.past_model(sweep_config)
+                or (idx not in self.asked and self.search.past_model(sweep_config))
             )
             if skip:
                 self.skips[idx] = skip.reason
