@@ -3,6 +3,7 @@ and ``worker_threads``, which the workers' init function applies)."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import itertools
@@ -17,6 +18,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sized
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -186,7 +188,7 @@ def build_loader(
     worker_seed: int | None = None,
     batch_sampler: Sampler | None = None,
     costs: bool = False,
-) -> DataLoader:
+) -> DataLoader | ThreadLoader:
     """A DataLoader over ``dataset`` with ``kwargs`` from :func:`loader_kwargs`; under torchrun
     (``ranks``), over this rank's shard. ``seed`` orders the samples; ``worker_seed`` (``seed``
     if None) seeds the workers' random augmentations. ``batch_sampler``: the batches come
@@ -200,15 +202,14 @@ def build_loader(
     encoded = kwargs.pop("decode", None) == "device"
     named = kwargs.pop("collate_fn", None)  # the user's, counted as the default is
     workers = kwargs["num_workers"]
-    costs = costs and not is_stream(dataset)  # a stream reads inside its own iterator
-    if kwargs.pop("engine", "process") == "thread":
-        return _thread_loader(
-            dataset, kwargs, seed, stream, ranks, batch_sampler, encoded, named, costs
-        )
-    if workers > 0:
+    engine = kwargs.pop("engine", "process")
+    collate = CountingCollate(workers, encoded, named)
+    if engine == "thread":
+        check_engine(dataset)
+    elif workers > 0:
         check_picklable(dataset, kwargs["multiprocessing_context"])
     cores = usable_cores()
-    if workers > cores:
+    if engine != "thread" and workers > cores:
         log.info(
             "num_workers=%d exceeds the %g usable cores <cfg.loader.num_workers>: right when"
             " samples wait on I/O, oversubscribed when decoding is CPU-bound; data_wait_frac"
@@ -216,85 +217,121 @@ def build_loader(
             workers,
             cores,
         )
-    # the loader's own: workers' base seeds
-    generator = torch.Generator().manual_seed(seed if worker_seed is None else worker_seed)
-    init = functools.partial(_init_worker, threads=threads) if workers > 0 else None
-    if is_stream(dataset):  # it orders, shuffles and splits itself: no sampler, no shuffle
-        kwargs.pop("shuffle", None)
-        kind = _StatefulLoader if is_resumable(dataset) and not stream else _Loader
-        return kind(
-            Repeated(dataset) if stream else dataset,
-            generator=generator,
-            collate_fn=CountingCollate(workers, encoded, named),
-            worker_init_fn=init,
-            **kwargs,
-        )
-    collate = _collate(CountingCollate(workers, encoded, named), costs)
-    read = TimedReads(dataset) if costs else dataset
+    size, drop = kwargs.pop("batch_size"), kwargs.pop("drop_last", False)
+    shuffle = kwargs.pop("shuffle", False)  # a stream's kwargs have none
     if batch_sampler is not None:
-        for key in ("batch_size", "shuffle", "drop_last"):
-            kwargs.pop(key, None)
-        return _Loader(
-            read,
-            batch_sampler=batch_sampler,
-            generator=generator,
+        order = Order(batch_sampler=batch_sampler)
+    elif is_stream(dataset):  # it orders, shuffles and splits itself: no sampler, no shuffle
+        order = Order(batch_size=size, drop_last=drop)
+        dataset = Repeated(dataset) if stream else dataset
+    else:
+        sampler = _sampler(dataset, shuffle, drop, seed, stream, ranks)
+        order = Order(sampler=sampler, batch_size=size, drop_last=drop)
+    return engine_loader(
+        dataset,
+        order,
+        collate,
+        engine=engine,
+        generator=torch.Generator().manual_seed(seed if worker_seed is None else worker_seed),
+        worker_init_fn=functools.partial(_init_worker, threads=threads) if workers else None,
+        costs=costs,
+        stateful=is_resumable(dataset) and not stream,
+        **kwargs,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Order:
+    """The batches a loader yields: a batch sampler's (a tuning loader's plan), a sampler's in
+    batches of ``batch_size``, or, with neither, a stream's own in batches of ``batch_size``."""
+
+    batch_sampler: Sampler | None = None
+    sampler: Sampler | None = None
+    batch_size: int | None = 1
+    drop_last: bool = False
+
+    def args(self) -> dict:
+        if self.batch_sampler is not None:
+            return {"batch_sampler": self.batch_sampler}
+        return {"sampler": self.sampler, "batch_size": self.batch_size, "drop_last": self.drop_last}
+
+
+def engine_loader(
+    dataset: Dataset,
+    order: Order,
+    collate: Callable[[list], object],
+    *,
+    engine: str = "process",
+    num_workers: int = 0,
+    prefetch_factor: int | None = None,
+    pin_memory: bool = False,
+    timeout: float = 0.0,
+    persistent_workers: bool = False,
+    multiprocessing_context: Any = None,
+    worker_init_fn: Callable[[int], None] | None = None,
+    generator: torch.Generator | None = None,
+    costs: bool = False,
+    stateful: bool = False,
+) -> DataLoader | ThreadLoader:
+    """The loader of one setting on its engine, the one factory of the run
+    (:func:`build_loader`) and of the tuning loader (each setting it tries): worker processes
+    (a DataLoader whose workers are born deaf to Ctrl-C; ``stateful``: torchdata's, which
+    keeps a stream's position) or thread workers (:class:`~feedrate.threads.ThreadLoader`,
+    which start no process: no start method, init function or generator), over the batches
+    ``order`` says. ``costs``: a map-style dataset's batches come with what they cost their
+    worker (:mod:`feedrate.costs`); a stream reads inside its own iterator, untimed."""
+    costs = costs and not is_stream(dataset)
+    collate = CostedCollate(collate) if costs else collate
+    if engine == "thread":  # the reading thread times its reads itself
+        return ThreadLoader(
+            dataset,
+            num_workers=num_workers,
             collate_fn=collate,
-            worker_init_fn=init,
-            **kwargs,
+            prefetch_factor=prefetch_factor,
+            pin_memory=pin_memory,
+            timeout=timeout,
+            persistent_workers=persistent_workers,
+            **order.args(),
         )
-    kwargs = {**kwargs, "shuffle": False, "sampler": _sampler(dataset, kwargs, seed, stream, ranks)}
-    return _Loader(read, generator=generator, collate_fn=collate, worker_init_fn=init, **kwargs)
+    workers: dict[str, Any] = {}
+    if num_workers > 0:  # a DataLoader refuses these without workers
+        workers = {
+            "prefetch_factor": prefetch_factor,
+            "multiprocessing_context": multiprocessing_context,
+        }
+    kind = _StatefulLoader if stateful and order.batch_sampler is None else _Loader
+    return kind(
+        TimedReads(dataset) if costs else dataset,
+        num_workers=num_workers,
+        collate_fn=collate,
+        pin_memory=pin_memory,
+        timeout=timeout,
+        persistent_workers=persistent_workers,
+        worker_init_fn=worker_init_fn,
+        generator=generator,
+        **workers,
+        **order.args(),
+    )
 
 
-def _collate(counting: CountingCollate, costs: bool) -> Callable[[list], object]:
-    return CostedCollate(counting) if costs else counting
-
-
-def _sampler(dataset: Dataset, kwargs: dict, seed: int, stream: bool, ranks) -> ResumableSampler:
+def _sampler(
+    dataset: Dataset, shuffle: bool, drop_last: bool, seed: int, stream: bool, ranks
+) -> ResumableSampler:
     """The order the samples are read in: shuffled (or not), this rank's share, resumable."""
     # The shuffle's, apart: with persistent workers the loader draws a base seed once, without
     # them at every epoch; the order must not depend on which, or a resumed run drifts.
     shuffling = torch.Generator().manual_seed(seed)
     if ranks is not None and ranks.enabled:
-        order = shard(dataset, ranks, kwargs["shuffle"], seed, kwargs["drop_last"])
+        order = shard(dataset, ranks, shuffle, seed, drop_last)
         if stream:  # each rank its share of one epoch after another
             order = EpochAfterEpoch(order)
     elif stream:  # reshuffle forever: no epoch end while measuring (trainer.stream)
         order = RandomSampler(dataset, num_samples=len(dataset) * PASSES, generator=shuffling)
-    elif kwargs["shuffle"]:
+    elif shuffle:
         order = RandomSampler(dataset, generator=shuffling)
     else:
         order = SequentialSampler(dataset)
     return ResumableSampler(order, shuffling)
-
-
-def _thread_loader(
-    dataset: Dataset,
-    kwargs: dict,
-    seed: int,
-    stream: bool,
-    ranks,
-    batch_sampler: Sampler | None,
-    encoded: bool,
-    named: dict | None,
-    costs: bool = False,
-) -> ThreadLoader:
-    """``loader.engine=thread``: the same order, batches and collate on thread workers."""
-    check_engine(dataset)
-    workers = kwargs["num_workers"]
-    common = {
-        "num_workers": workers,
-        "collate_fn": _collate(CountingCollate(workers, encoded, named), costs),
-        "prefetch_factor": kwargs.get("prefetch_factor"),
-        "pin_memory": kwargs["pin_memory"],
-        "timeout": kwargs["timeout"],
-        "persistent_workers": kwargs["persistent_workers"],
-    }
-    if batch_sampler is not None:
-        return ThreadLoader(dataset, batch_sampler=batch_sampler, **common)
-    order = _sampler(dataset, kwargs, seed, stream, ranks)
-    size, drop = kwargs["batch_size"], kwargs["drop_last"]
-    return ThreadLoader(dataset, sampler=order, batch_size=size, drop_last=drop, **common)
 
 
 class _Loader(DataLoader):

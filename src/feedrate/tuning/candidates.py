@@ -103,47 +103,34 @@ def searched_engines(
 
 
 def build(tl: Any, setting: Setting):
-    """The DataLoader of ``setting``: the tuning loader's (``tl``) dataset, batches and arguments,
-    its workers seeded by :meth:`TuningLoader.worker_seed`; on thread workers, a
-    :class:`feedrate.threads.ThreadLoader` of the same batches. A map-style dataset's batches
-    come with what they cost their worker (:mod:`feedrate.costs`)."""
+    """The loader of ``setting`` (:func:`feedrate.loader.engine_loader`, the run's factory
+    too): the tuning loader's (``tl``) dataset, batches and arguments, its workers seeded by
+    :meth:`TuningLoader.worker_seed`. A map-style dataset's batches come from the tuning
+    loader's plan, with what they cost their worker (:mod:`feedrate.costs`)."""
     from torch.utils.data import default_collate
 
-    from feedrate.costs import CostedCollate, TimedReads
-    from feedrate.loader import _Loader
+    from feedrate.loader import Order, engine_loader
 
     args = dict(tl.loader_args)
-    collate = args["collate_fn"] or default_collate
-    if setting.threads:  # a map-style dataset (searched_engines): the plan's batches
-        from feedrate.threads import ThreadLoader
-
-        return ThreadLoader(
-            tl.dataset,
-            num_workers=setting.num_workers,
-            collate_fn=CostedCollate(collate),
-            batch_sampler=tl._plan,
-            prefetch_factor=setting.prefetch_factor,
-            pin_memory=args["pin_memory"],
-            timeout=args["timeout"],
-        )
-    if setting.num_workers:
-        args.update(
-            num_workers=setting.num_workers,
-            prefetch_factor=setting.prefetch_factor,
-            persistent_workers=tl.persistent,
-            multiprocessing_context=tl.context,
-        )
-    generator = torch.Generator().manual_seed(tl.worker_seed())
-    if tl.stream:  # its reads happen inside its own iterator: not timed
-        return _Loader(
-            tl.dataset,
-            batch_size=tl.batch_size,
-            drop_last=tl.drop_last,
-            generator=generator,
-            **args,
-        )
-    args["collate_fn"] = CostedCollate(collate)
-    return _Loader(TimedReads(tl.dataset), batch_sampler=tl._plan, generator=generator, **args)
+    collate = args.pop("collate_fn") or default_collate
+    if tl.stream:  # it orders itself; its reads happen inside its own iterator: not timed
+        order = Order(batch_size=tl.batch_size, drop_last=tl.drop_last)
+    else:
+        order = Order(batch_sampler=tl.batches_plan)
+    processes = setting.num_workers and not setting.threads
+    return engine_loader(
+        tl.dataset,
+        order,
+        collate,
+        engine=setting.engine,
+        num_workers=setting.num_workers,
+        prefetch_factor=setting.prefetch_factor,
+        persistent_workers=bool(processes and tl.persistent),
+        multiprocessing_context=tl.context if processes else None,
+        generator=torch.Generator().manual_seed(tl.worker_seed()),
+        costs=True,
+        **(args if not setting.threads else {k: args[k] for k in ("pin_memory", "timeout")}),
+    )
 
 
 def end_loader_workers(loader: Any, kill: bool = False) -> list[int] | None:
