@@ -116,7 +116,7 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    phases = ["start", "ceilings", "search", "final", "gap"]
+    phases = ["ceilings", "search", "final", "gap"]
     left = [0.0] * len(rows)
     names = [r["workload"] for r in rows]
     for phase in phases:

@@ -82,12 +82,9 @@ log = logging.getLogger(__name__)
 class Phases:
     """Where the sweep's wall time went: the ceilings, the search, the final rounds, the gap."""
 
-    def __init__(self, clock=time.monotonic, started_s: float = 0.0) -> None:
-        """``started_s``: how long the command ran before the sweep began (Python, its
-        imports, Hydra's composing; 5 s of a photos sweep here), its first phase: the
-        budget (``sweep.budget_s``) is the command's time, as its user waits for it."""
+    def __init__(self, clock=time.monotonic) -> None:
         self.clock = clock
-        self.seconds: dict[str, float] = {"start": round(started_s, 1)} if started_s else {}
+        self.seconds: dict[str, float] = {}
         self._last = clock()
 
     def done(self, phase: str) -> None:
@@ -105,14 +102,10 @@ class Phases:
         return f"{sum(self.seconds.values()):.0f} s: {parts}"
 
 
-def _command_age() -> float:
-    """Seconds since this process started."""
-    import psutil
-
-    return max(0.0, time.time() - psutil.Process().create_time())
-
-
-REPORT_S = 3.0  # the decision, the report's plots and the preset after the last round (2-3 s here)
+# What the sweep's command spends outside its phases, which its budget keeps for it: its
+# start (Python, the imports, Hydra's composing: 2-5 s here) and, after the last round, the
+# decision, the report's plots and the preset (2-4 s here)
+OUTSIDE_S = 8.0
 
 
 class SweepFailed(FeedrateError):
@@ -187,7 +180,7 @@ class LoaderSweep(Callback):
             _fail(exc)
 
     def _start(self, config: DictConfig) -> None:
-        self._phases = Phases(started_s=_command_age())
+        self._phases = Phases()
         name = config.sweep.preset_name
         path = preset_file(preset_config_dir(config.hydra), name, "sweep")
         check_writable(path, config.sweep.overwrite)
@@ -430,7 +423,7 @@ class LoaderSweep(Callback):
                 bar.total -= rounds - r - 1
             last_round_s = time.monotonic() - began
             short = stats.MIN_ROUNDS - (r + 1)  # the rounds an interval still needs
-            ends = phases.elapsed() + REPORT_S  # were the rounds to stop now
+            ends = phases.elapsed() + OUTSIDE_S  # the command's, were the rounds to stop now
             if budget is not None and short > 0 and ends + short * last_round_s > budget:
                 why = (
                     f"{short} more round(s) ({short * last_round_s:.0f} s) would end the sweep"
