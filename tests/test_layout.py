@@ -61,3 +61,29 @@ def test_the_loop_the_meter_and_the_tuning_take_values_not_the_config():
         config = sorted(m for m in _imports(path) if m.split(".")[0] in ("omegaconf", "hydra"))
         assert not config, f"{path.relative_to(SRC)} imports {config}"
         assert "DictConfig" not in path.read_text(), f"{path.relative_to(SRC)} names DictConfig"
+
+
+def _private_reaches(path: Path) -> list[str]:
+    """``x._name`` where ``x`` is not ``self`` or ``cls``: one object reading another's
+    private attributes (a module's private name, ``module._name``, counts too)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        if node.attr.startswith("__") and node.attr.endswith("__"):
+            continue  # dunders are public protocol
+        if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            continue
+        found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_the_tuning_loaders_parts_read_none_of_each_others_private_state():
+    """The batch plan, the session and the engine factory each keep their state; the tuning
+    loader runs them through what each offers."""
+    tuning = SRC / "tuning"
+    parts = [tuning / n for n in ("loader.py", "plan.py", "session.py", "candidates.py")]
+    reaches = [r for part in parts for r in _private_reaches(part)]
+    assert not reaches, reaches
+    candidates = (tuning / "candidates.py").read_text()
+    assert "_Loader" not in candidates, "a setting's loader comes from loader.engine_loader"

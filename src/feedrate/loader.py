@@ -282,34 +282,26 @@ def engine_loader(
     worker (:mod:`feedrate.costs`); a stream reads inside its own iterator, untimed."""
     costs = costs and not is_stream(dataset)
     collate = CostedCollate(collate) if costs else collate
+    common = {
+        "num_workers": num_workers,
+        "collate_fn": collate,
+        "pin_memory": pin_memory,
+        "timeout": timeout,
+        "persistent_workers": persistent_workers,
+    }
     if engine == "thread":  # the reading thread times its reads itself
-        return ThreadLoader(
-            dataset,
-            num_workers=num_workers,
-            collate_fn=collate,
-            prefetch_factor=prefetch_factor,
-            pin_memory=pin_memory,
-            timeout=timeout,
-            persistent_workers=persistent_workers,
-            **order.args(),
-        )
-    workers: dict[str, Any] = {}
+        return ThreadLoader(dataset, prefetch_factor=prefetch_factor, **common, **order.args())
     if num_workers > 0:  # a DataLoader refuses these without workers
-        workers = {
+        common |= {
             "prefetch_factor": prefetch_factor,
             "multiprocessing_context": multiprocessing_context,
         }
     kind = _StatefulLoader if stateful and order.batch_sampler is None else _Loader
     return kind(
         TimedReads(dataset) if costs else dataset,
-        num_workers=num_workers,
-        collate_fn=collate,
-        pin_memory=pin_memory,
-        timeout=timeout,
-        persistent_workers=persistent_workers,
         worker_init_fn=worker_init_fn,
         generator=generator,
-        **workers,
+        **common,
         **order.args(),
     )
 

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 
 from feedrate.errors import ConfigError
 from feedrate.tuning.policy import PROCESS, THREAD, Setting
-from feedrate.tuning.state import on_searched
+from feedrate.tuning.setting import on_searched
 
 log = logging.getLogger("feedrate.tuning")
 

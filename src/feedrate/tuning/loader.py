@@ -20,12 +20,11 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, replace
 from typing import Any
 
 import psutil
 import torch
-from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler
+from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from feedrate.batch import batch_len
 from feedrate.costs import inner_collate, split
@@ -41,9 +40,9 @@ from feedrate.tuning.candidates import (
     searched_engines,
     tree_pss_mb,
 )
+from feedrate.tuning.plan import BatchPlan
 from feedrate.tuning.policy import (
     PROCESS,
-    UNTUNED,
     Choice,
     Climb,
     Figure,
@@ -51,12 +50,9 @@ from feedrate.tuning.policy import (
     Setting,
     worker_bound,
 )
-from feedrate.tuning.probe import Probe
-from feedrate.tuning.state import Saved
+from feedrate.tuning.session import MIN_BUDGET_S, TuningSession
 
 log = logging.getLogger("feedrate.tuning")
-
-MIN_BUDGET_S = 5.0  # less than this measures nothing worth choosing by
 
 
 def _cpu_times() -> tuple[float, float]:
@@ -73,59 +69,14 @@ def window_seconds(budget_s: float) -> float:
     return min(2.0, max(1.0, budget_s / 20))
 
 
-class _Plan(Sampler[list[int]]):
-    """An epoch's batches of indices, from ``start`` on: the batch sampler every DataLoader
-    tried shares, so that the next one goes on where the one before stopped. They are the same
-    in every process and after a resume: the user's batch sampler or sampler after its
-    ``set_epoch``, a ``DistributedSampler`` under several ranks, or ``seed + epoch``'s shuffle."""
-
-    def __init__(self, tl: TuningLoader, ranks: Ranks) -> None:
-        self.dataset, self.ranks = tl.dataset, ranks
-        self.batch_size, self.shuffle, self.drop_last = tl.batch_size, tl.shuffle, tl.drop_last
-        self.sampler, self.batch_sampler, self.seed = tl.sampler, tl.batch_sampler, tl.seed
-        if self.sampler is None and self.batch_sampler is None and ranks.enabled:
-            from torch.utils.data import DistributedSampler
-
-            self.sampler = DistributedSampler(
-                tl.dataset, shuffle=tl.shuffle, seed=tl.seed, drop_last=tl.drop_last
-            )
-        self.batches: list[list[int]] = []
-        self.start = 0
-
-    def draw(self, epoch: int) -> None:
-        """The batches of ``epoch``."""
-        if self.batch_sampler is not None:
-            _set_epoch(self.batch_sampler, epoch)
-            self.batches = [list(b) for b in self.batch_sampler]
-            return
-        if self.sampler is not None:
-            _set_epoch(self.sampler, epoch)
-            indices = list(self.sampler)
-        elif self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + epoch)
-            indices = torch.randperm(len(self.dataset), generator=g).tolist()
-        else:
-            indices = list(range(len(self.dataset)))
-        self.batches = [list(b) for b in BatchSampler(indices, self.batch_size, self.drop_last)]
-
-    def epoch_batches(self) -> int:
-        """Batches an epoch, before any is drawn."""
-        if self.batch_sampler is not None:
-            return len(self.batch_sampler)
-        n = len(self.sampler) if self.sampler is not None else len(self.dataset)
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches[self.start :])
-
-    def __len__(self) -> int:
-        return len(self.batches) - self.start
-
-
-class TuningLoader(Saved):
+class TuningLoader:
     """An iterable over batches that tunes ``num_workers``, ``prefetch_factor`` and the engine
     (worker processes or threads, among ``engines``) while the loop trains; built by
-    :func:`feedrate.autotune_loader`."""
+    :func:`feedrate.autotune_loader`. Three parts, each with its own state: the batch plan
+    (:class:`~feedrate.tuning.plan.BatchPlan`: the epoch's batches and the position), the
+    session (:class:`~feedrate.tuning.session.TuningSession`: the climb, the probe, what was
+    measured and chosen) and the engine factory (``make_loader``: a setting's loader,
+    :func:`feedrate.tuning.candidates.build` by default). This class runs the loaders."""
 
     def __init__(
         self,
@@ -161,16 +112,13 @@ class TuningLoader(Saved):
         _check_args(batch_size, shuffle, sampler, batch_sampler, drop_last, budget_s, max_workers)
         check_engines([engine], "engine")
         self.dataset = dataset
-        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
-        self.sampler, self.batch_sampler = sampler, batch_sampler
+        self.batch_size, self.drop_last = batch_size, drop_last
         self.stream = isinstance(dataset, IterableDataset)
         self.loader_args = {"collate_fn": collate_fn, "pin_memory": pin_memory}
         self.loader_args |= {"worker_init_fn": worker_init_fn, "timeout": timeout}
         self.persistent = persistent_workers
         self.context = multiprocessing_context
-        self.seed, self.clock, self.cpu, self.memory = seed, clock, cpu, memory
-        self.budget_s = self.budget_asked = float(budget_s)
-        self.window_s = window_seconds(self.budget_s)
+        self.seed, self.clock = seed, clock
         self.ranks = Ranks.current()
         cores = _usable_cores() / self.ranks.local_world_size
         cap = max_workers or worker_bound(cores)
@@ -178,35 +126,37 @@ class TuningLoader(Saved):
         start = Setting(workers, prefetch_factor if workers else None, engine)
         searched = searched_engines(dataset, start, engines, worker_init_fn)
         workload = functools.partial(_workload, dataset, batch_size, self.ranks)
-        self.preset, start, recorded = preset_start(preset, start, searched, workload)
+        preset, start, recorded = preset_start(preset, start, searched, workload)
         # the step's intra-op threads, turned where it shares the cores with the workers
         machine = Machine(cores, cap, searched, torch.get_num_threads() if split_threads else 0)
-        self.climb = Climb(
-            start, machine, window_s=self.window_s, recorded=recorded, predicts=predicts
+        window_s = window_seconds(float(budget_s))
+        climb = Climb(start, machine, window_s=window_s, recorded=recorded, predicts=predicts)
+        self.plan = BatchPlan(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            seed=seed,
+            ranks=self.ranks,
+        )
+        self.session = TuningSession(
+            climb,
+            budget_s=budget_s,
+            window_s=window_s,
+            ranks=self.ranks,
+            clock=clock,
+            cpu=cpu,
+            memory=memory,
+            preset=preset,
+            tell=self._tell,
         )
         self.make_loader = make_loader or build
-        self._plan = _Plan(self, self.ranks)
-        self.epoch, self._pos = 0, 0  # the epoch, and its batches already yielded
-        self.figures: list[Figure] = []
-        self.current = self.climb.start
-        self.choice: Choice | None = None
-        self.tuning = self.budget_s >= MIN_BUDGET_S
-        if not self.tuning:  # the start runs, untuned
-            self.choice = Choice(
-                self.current, f"budget_s={budget_s:g} below {MIN_BUDGET_S:g} s", False, UNTUNED
-            )
-        self.spent_s = 0.0  # tuning seconds so far (in earlier processes too, after a resume)
-        self.samples_tuning = 0
-        self.written: str | None = None
-        self._probe: Probe | None = None
-        self._loader = None  # the DataLoader of ``current``, while it lives
-        self._since = 0.0  # when the current setting's measurement began
+        self._loader = None  # the DataLoader of the current setting, while it lives
         self._loader_setting: Setting | None = None
-        self._epoch_from = 0.0  # when this epoch's pass began
-        self._resuming = False  # a state was loaded: the next pass goes on mid-epoch
         self._in_pass = False  # a pass is under way (its generator lives)
         self._last_out = 0.0  # when the latest batch was handed out
-        self.earlier: list[dict] = []  # tunings before this one (retune)
         self._stream_state: dict | None = None  # a stream's position, to go on from
         # who hears when the tuning ends or starts again (the run's meter), and is asked at
         # each epoch's start whether the pipeline fell behind: then it tunes again, at most
@@ -222,12 +172,12 @@ class TuningLoader(Saved):
         if self.stream:
             n = len(self.dataset)
             return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
-        return self._plan.epoch_batches()
+        return self.plan.epoch_batches()
 
     @property
     def batches_plan(self) -> Sampler | None:
         """The batch sampler every map-style DataLoader it builds shares (None: a stream)."""
-        return None if self.stream else self._plan
+        return None if self.stream else self.plan
 
     def __iter__(self) -> Iterator[Any]:
         return self._epoch()
@@ -236,9 +186,7 @@ class TuningLoader(Saved):
         """The epoch the next pass is (its shuffle); each pass moves on one by itself. A
         position set by :meth:`skip` holds in the epoch set. Where a listener says the
         pipeline fell behind, it tunes again (``retune_on_drift``)."""
-        if epoch != self.epoch:
-            self.epoch = epoch
-            self._pos = self._pos if self._resuming else 0
+        self.plan.set_epoch(epoch)
         if self.retunes_left and self._listeners and not self.tuning:
             self._retune_if_behind()
 
@@ -258,12 +206,13 @@ class TuningLoader(Saved):
         behind = any(listener.fell_behind() for listener in self._listeners)
         if not self.ranks.agree(behind):
             return
-        if self.budget_asked < MIN_BUDGET_S:
+        asked = self.session.budget_asked
+        if asked < MIN_BUDGET_S:
             log.warning(
                 "autotune_loader: the input pipeline fell behind (the drift guard warned), but"
                 " its budget_s=%g (trainer.autotune.budget_s) is below the %g s a tuning"
                 " needs: not tuned again",
-                self.budget_asked,
+                asked,
                 MIN_BUDGET_S,
             )
             self.retunes_left = 0
@@ -280,20 +229,30 @@ class TuningLoader(Saved):
         """The next pass starts ``batches`` into its epoch, none of them loaded: a loop that
         resumes by counting the batches it trained (the Hugging Face ``Trainer``'s
         ``get_resumed_dataloader``) instead of by :meth:`load_state_dict`."""
-        if batches < 0:
-            raise ValueError(f"skip({batches}): a number of batches, at least 0")
-        self._pos, self._resuming = batches, batches > 0
+        self.plan.skip(batches)
 
-    def _stream_restarts(self, batches: int) -> None:
-        """A stream's position belongs to its workers: without their state it cannot go on
-        mid-epoch."""
-        log.warning(
-            "autotune_loader: a stream (%s) cannot go on %d batches into its epoch: the epoch"
-            " starts again from its first sample, and those batches are trained twice",
-            type(self.dataset).__name__,
-            batches,
-        )
-        self._pos = 0
+    @property
+    def tuning(self) -> bool:
+        """It is tuning now."""
+        return self.session.tuning
+
+    @property
+    def current(self) -> Setting:
+        """The setting that runs now."""
+        return self.session.current
+
+    @property
+    def choice(self) -> Choice | None:
+        return self.session.choice
+
+    @property
+    def figures(self) -> list[Figure]:
+        """What each setting tried so far measured."""
+        return self.session.figures
+
+    @property
+    def climb(self) -> Climb:
+        return self.session.climb
 
     @property
     def num_workers(self) -> int:
@@ -321,37 +280,48 @@ class TuningLoader(Saved):
     def position(self) -> tuple[int, int]:
         """(epoch, batches of it already yielded) that the next pass goes on from, as
         :meth:`state_dict` records it."""
-        state = self.state_dict()
+        state = self.plan.snapshot(self._in_pass, self.stream)
         return state["epoch"], state["batches"]
 
     def worker_seed(self) -> int:
-        """The seed of a DataLoader built now: it differs by where it starts, so one built
-        mid-epoch does not draw the first one's augmentations again."""
-        spot = self.seed * 1_000_003 + self.epoch * 10_007 + self._pos + self.ranks.rank * 7_919
-        return spot % 2**63
+        """The seed of a DataLoader built now (:meth:`BatchPlan.worker_seed`)."""
+        return self.plan.worker_seed()
 
     def retune(self, budget_s: float | None = None) -> bool:
         """Tune again from the setting now running, for up to ``budget_s`` more seconds (the
         first tuning's budget if None): the data wait rose, the storage or the machine
-        changed. What was measured before is kept in the report's ``earlier``. False: it
-        does not (it is tuning already, or the budget is below ``MIN_BUDGET_S``)."""
-        budget_s = self.budget_asked if budget_s is None else budget_s
-        if self.tuning or budget_s < MIN_BUDGET_S:
-            return False
-        self.earlier.append(
-            {"tried": [asdict(f) for f in self.figures], "chosen": asdict(self.choice)}
-        )
-        self.figures, self.choice, self.tuning = [], None, True
-        self.budget_s = self.spent_s + budget_s
-        self.climb = Climb(
-            self.current,
-            self.climb.machine,
-            window_s=self.window_s,
-            predicts=self.climb.predicts,
-        )
-        self._probe = None
-        self._tell("tuning_started")
-        return True
+        changed (:meth:`TuningSession.retune`)."""
+        return self.session.retune(budget_s)
+
+    def report(self) -> dict:
+        """What it tried, what each measured, and what it chose."""
+        return self.session.report()
+
+    # -- a checkpoint ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Where the epoch is and what the tuning found: plain data, for a checkpoint."""
+        return {
+            **self.plan.snapshot(self._in_pass, self.stream),
+            **self.session.state_dict(self._in_pass),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.plan.restore(state)  # refuses another seed before anything changes
+        self.close()
+        self.session.load_state_dict(state)
+
+    def stream_state(self) -> dict | None:
+        """A stream's position inside its epoch: the running DataLoader's state, where it
+        keeps one (a ``StatefulDataLoader`` over a stream with ``state_dict``); else None."""
+        if not self.stream or not self._in_pass or not hasattr(self._loader, "state_dict"):
+            return None
+        return self._loader.state_dict()
+
+    def load_stream_state(self, state: dict) -> None:
+        """The next pass goes on from a :meth:`stream_state` (after :meth:`load_state_dict`,
+        which says the setting it was taken with: the same workers read the rest)."""
+        self._stream_state = state
 
     def close(self) -> None:
         """End the workers now (they also end with the loader)."""
@@ -368,46 +338,51 @@ class TuningLoader(Saved):
     # -- an epoch ------------------------------------------------------------------------
 
     def _epoch(self) -> Iterator[Any]:
-        self._epoch_from = self._last_out = self.clock()
-        if not self.stream:
-            self._plan.draw(self.epoch)
-        if self.stream and self._resuming and self._pos and self._stream_state is None:
-            self._stream_restarts(self._pos)
-        if not self._resuming:
-            self._pos = 0
-        self._resuming, self._in_pass = False, True
-        if self._probe is not None:
-            self._probe.go_on()  # the time between passes (validation, say) is not measured
+        now = self._last_out = self.clock()
+        plan, session = self.plan, self.session
+        if self.stream and plan.resuming and plan.pos and self._stream_state is None:
+            self._stream_restarts(plan.pos)
+        plan.begin(self.stream)
+        self._in_pass = True
+        session.pass_started(now)
         try:
             while True:
                 switched = yield from self._run(self.current)
-                if not switched or (not self.stream and self._pos >= len(self._plan.batches)):
+                if not switched or (not self.stream and plan.finished()):
                     break
-            if self.stream and self.tuning and self.ranks.agree(self._measured()):
-                self._next_setting()  # a stream switches at its epoch's end
+            if self.stream and self.tuning and self.ranks.agree(session.measured()):
+                session.next_setting()  # a stream switches at its epoch's end
         finally:  # the epoch ended, or the loop left it (a new pass starts the next one)
             self._in_pass = False
-            if self.tuning:  # up to its last batch: what the loop did after is not tuning
-                self.spent_s += self._last_out - self._epoch_from
-                if self._probe is not None and not self._short_epochs():
-                    self._probe.pause()  # the epoch's end and restart are not measured
-                elif self._probe is not None:
-                    self._probe.hold(self._last_out)  # measured across the restart, not the gap
-            if not self.persistent or self._pos < len(self._plan.batches):
+            session.pass_ended(self._last_out, across=self._short_epochs())
+            if not self.persistent or not plan.finished():
                 self.close()
-            self.epoch, self._pos = self.epoch + 1, 0
+            plan.end()
+
+    def _stream_restarts(self, batches: int) -> None:
+        """A stream's position belongs to its workers: without their state it cannot go on
+        mid-epoch."""
+        log.warning(
+            "autotune_loader: a stream (%s) cannot go on %d batches into its epoch: the epoch"
+            " starts again from its first sample, and those batches are trained twice",
+            type(self.dataset).__name__,
+            batches,
+        )
+        self.plan.skip(0)
+        self.plan.resuming = False
 
     def _run(self, setting: Setting) -> Iterator[Any]:
         """Batches from ``setting``'s loader until the epoch ends (False) or the tuning
         switches to another setting (True)."""
-        self._plan.start = self._pos
+        session = self.session
+        self.plan.from_here()
         failure = None
         try:
             loader = self._loader_for(setting)
         except Refused as exc:
             if setting == self.climb.start or not self.tuning:
                 raise ConfigError(str(exc)) from exc
-            self._failed(f"refused: {exc}")
+            session.failed(f"refused: {exc}")
             return True
         try:
             batches = iter(loader)
@@ -423,26 +398,20 @@ class TuningLoader(Saved):
                 failure = self._failure(exc, loader, setting)
                 break
             self._last_out = self.clock()
-            waited = self._last_out - asked
             batch, cost = split(batch)  # what it cost its worker, where the loader says
             samples = self._samples(batch)
-            self._pos += 1
-            if self.tuning:
-                self.samples_tuning += samples * self.ranks.world_size
-                if self._probe is not None and self._in_tail():
-                    self._probe.pause()  # measured again after the next epoch's warm-up
-                elif self._probe is not None:
-                    self._probe.took(waited, samples, cost)
+            self.plan.took()
+            session.took(self._last_out - asked, samples, cost, self._in_tail())
             yield batch
-            if self.tuning and not self.stream and self.ranks.agree(self._measured()):
-                if self._next_setting():
+            if self.tuning and not self.stream and self.ranks.agree(session.measured()):
+                if session.next_setting():
                     # at once: the batches its workers still read are not wanted (the next
                     # setting goes on from the last one taken), and the iteration's own end
                     # would wait for each read, up to a batch's time
                     self.end_workers(kill=True)
                     return True
         self._loader = None
-        self._failed(failure)
+        session.failed(failure)
         return True
 
     def _failure(self, exc: Exception, loader: Any, setting: Setting) -> str:
@@ -453,32 +422,25 @@ class TuningLoader(Saved):
         self._loader = None
         return loader_failure(exc, setting == self.climb.start or self.stream or self.ranks.enabled)
 
-    def _measured(self) -> bool:
-        """The current setting's measurement is over: its probe says so, or the budget is
-        spent (what it measured so far is its figure)."""
-        if self._probe is None:
-            return False
-        if not self._probe.done and self._spent_now() >= self.budget_s:
-            self._probe.end()
-        return self._probe.done
-
     def _short_epochs(self) -> bool:
         """Epochs shorter than four of the setting's queues: there the ends and restarts are
         much of what the loop pays, and a window goes on across them; longer ones leave their
         ends out (their restart is a small share of an epoch)."""
-        backlog = self._probe.backlog if self._probe is not None else 0
-        return not self.stream and len(self._plan.batches) < 4 * backlog
+        probe = self.session.probe
+        backlog = probe.backlog if probe is not None else 0
+        return not self.stream and len(self.plan.batches) < 4 * backlog
 
     def _in_tail(self) -> bool:
         """The epoch's last ``num_workers x prefetch_factor`` batches: the sampler has run
         out, and what the workers hold is eaten faster than they sustain."""
-        if self.stream or self._short_epochs():
+        probe = self.session.probe
+        if probe is None or self.stream or self._short_epochs():
             return False
-        return len(self._plan.batches) - self._pos < self._probe.backlog
+        return len(self.plan.batches) - self.plan.pos < probe.backlog
 
     def _loader_for(self, setting: Setting):
-        if self.tuning and self._probe is None:  # (a persistent loader tuned again too)
-            self._start_probe(setting)
+        if self.tuning and self.session.probe is None:  # (a persistent loader tuned again too)
+            self.session.start_probe(setting)
         if self._loader is not None and self._loader_setting == setting:
             return self._loader
         self.close()
@@ -491,95 +453,11 @@ class TuningLoader(Saved):
             self._stream_state = None
         return self._loader
 
-    def _start_probe(self, setting: Setting) -> None:
-        best = Climb.best(self.figures)
-        if setting.main_threads:  # the step's share of the cores, as the setting says
-            torch.set_num_threads(setting.main_threads)
-        self._probe = Probe(
-            setting,
-            window_s=self.window_s,
-            best=best.samples_per_sec / self.ranks.world_size if best else None,  # a rank's
-            clock=self.clock,
-            cpu=self.cpu,
-            step_threads=torch.get_num_threads(),
-        )
-        self._since = self.clock()
-        if not self.figures and self.ranks.is_main:
-            log.info(
-                "autotune_loader: tuning for up to %.0f s while training; %s first",
-                self.budget_s - self.spent_s,
-                setting.describe(),
-            )
-
-    # -- the decisions (rank 0's; every rank takes them at the same step) ------------------
-
-    def _next_setting(self) -> bool:
-        """The current setting's measurement is over: record it and pick the next. True:
-        another setting's loader takes over from here."""
-        probe, self._probe = self._probe, None
-        figure = probe.figure(self.clock() - self._since)
-        if self.memory is not None:  # the whole tree's, its workers' with it
-            figure = replace(figure, pss_mb=self.memory())
-        if figure.samples_per_sec is not None:  # every rank's, as rank 0 runs in step with them
-            figure = replace(figure, samples_per_sec=figure.samples_per_sec * self.ranks.world_size)
-        return self._after(figure)
-
-    def _failed(self, reason: str) -> None:
-        figure = Figure(self.current, None, seconds=self.clock() - self._since, failed=reason)
-        self._probe = None
-        if self.ranks.is_main:
-            log.warning("autotune_loader: %s failed: %s", self.current.describe(), reason)
-        if not self.tuning:
-            raise RuntimeError(f"the loader failed after tuning: {reason}")
-        self._after(figure)
-
-    def _after(self, figure: Figure) -> bool:
-        figure = Figure.from_dict(self.ranks.share(asdict(figure)))  # rank 0's, on every rank
-        self.figures.append(figure)
-        if self.ranks.is_main:
-            log.info("autotune_loader: %s", figure.describe())
-        left = self.budget_s - self._spent_now()
-        made = len(self.climb.predictions)
-        nxt = self.climb.next(self.figures, left) if self.ranks.is_main else None
-        _say_predictions(self.climb.predictions[made:])
-        decision = self.ranks.share(None if nxt is None else nxt.as_dict())
-        if decision is not None:
-            self.current = Setting(**decision)
-            self._start_probe(self.current)
-            return True
-        choice = self.climb.choose(self.figures) if self.ranks.is_main else None
-        self.choice = Choice.from_dict(self.ranks.share(None if choice is None else asdict(choice)))
-        self.spent_s, self.tuning = self._spent_now(), False
-        self._tell("tuning_ended")
-        if self.ranks.is_main:
-            log.info(
-                "autotune_loader chose %s: %s", self.choice.setting.describe(), self.choice.reason
-            )
-            if self.preset is not None and self._worth_a_preset():
-                self.written = self.preset.write(self.choice, self.figures)
-        switch = self.choice.setting != self.current
-        self.current = self.choice.setting
-        return switch
-
-    def _worth_a_preset(self) -> bool:
-        """The choice beats the start; or the start held, measured here for the first time
-        (no preset recorded its rate) beside settings that all ran: written, so the next run
-        checks it rather than tuning again. A start that held only because the others failed
-        is no measurement of the data, and writes nothing."""
-        assert self.choice is not None
-        if self.choice.beats_start:
-            return True
-        return self.climb.recorded is None and not any(f.failed for f in self.figures)
-
-    def _spent_now(self) -> float:
-        """Tuning seconds so far: the epochs before, and this one up to now."""
-        return self.spent_s + self.clock() - self._epoch_from
-
     # -- the batches ---------------------------------------------------------------------
 
     def _samples(self, batch: Any) -> int:
         if not self.stream:
-            return len(self._plan.batches[self._pos])
+            return len(self.plan.batches[self.plan.pos])
         return batch_len(batch) or self.batch_size
 
 
@@ -600,17 +478,6 @@ def _workload(dataset: Dataset, batch_size: int, ranks: Ranks) -> dict:
     }
 
 
-def _say_predictions(made: list) -> None:
-    """The log's line for each new prediction of the model (metrics.json holds them all)."""
-    for _, prediction in made:
-        log.info(
-            "autotune_loader predicts %s: %s samples/s (%s)",
-            prediction.setting.describe(),
-            f"{prediction.samples_per_sec:,.1f}",
-            prediction.why,
-        )
-
-
 def cores_start(cores: float) -> int:
     """The workers a loader starts from when it is given none: one a core."""
     return max(1, int(cores))
@@ -620,12 +487,6 @@ def _usable_cores() -> float:
     from feedrate.hardware import usable_cores
 
     return usable_cores()
-
-
-def _set_epoch(sampler: Any, epoch: int) -> None:
-    for s in (sampler, getattr(sampler, "sampler", None)):
-        if hasattr(s, "set_epoch"):
-            s.set_epoch(epoch)
 
 
 def _check_args(batch_size, shuffle, sampler, batch_sampler, drop_last, budget_s, max_workers):

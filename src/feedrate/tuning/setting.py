@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
+
+log = logging.getLogger("feedrate.tuning")
 
 PROCESS, THREAD = "process", "thread"  # loader.engine: worker processes, or threads
 
@@ -53,3 +56,19 @@ class Setting:
         if self.main_threads:
             out["main_threads"] = self.main_threads
         return out
+
+
+def on_searched(setting: Setting, searched: tuple[str, ...], whose: str) -> Setting:
+    """``setting``, on the first engine searched where its own is left out here (threads, for
+    data they cannot read, or not asked for), said."""
+    if not setting.num_workers or setting.engine in searched:
+        return setting
+    log.warning(
+        "autotune_loader: %s %s runs on an engine left out of the search here (engines: %s):"
+        " it runs on %s instead",
+        whose,
+        setting.describe(),
+        ", ".join(searched),
+        searched[0],
+    )
+    return replace(setting, engine=searched[0])
