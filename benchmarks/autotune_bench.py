@@ -132,7 +132,7 @@ def run_round(r: int, workload: str, out: Path, args: argparse.Namespace) -> lis
     """Round ``r``'s runs (the order alternates between rounds); run again, once, where other
     processes slowed one of them (the first runs kept, ``replaced``)."""
     chosen = [n for n in CONTESTANTS if n in args.contestants]
-    order = chosen if r % 2 == 0 else chosen[::-1]
+    order = common.alternating(chosen, r)
     rows = [run_one(name, workload, r, out, args) for name in order]
     noisy = [x["name"] for x in rows if x.get("noise")]
     if not noisy:
@@ -385,7 +385,7 @@ def main() -> int:
                     rows, args.recipe_target, args.cost_target, args.tuning_seconds
                 ),
             }
-            (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+            common.write_json(out / "results.json", results)
     return summarise(out, args)
 
 
@@ -437,7 +437,7 @@ def pool(outs: list[Path], out: Path, args: argparse.Namespace) -> int:
             res["rows"], args.recipe_target, args.cost_target, args.tuning_seconds
         )
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(pooled, indent=2) + "\n")
+    common.write_json(out / "results.json", pooled)
     command = "python benchmarks/autotune_bench.py " + " ".join(sys.argv[1:])
     machine = " + ".join(dict.fromkeys(machines))  # each round's pair ran on one of them
     (out / "command.txt").write_text(f"{command}\ncommit {', '.join(commits)}\nmachine {machine}\n")
@@ -466,7 +466,7 @@ def summarise(out: Path, args: argparse.Namespace) -> int:
         res["verdicts"] = verdicts(
             res["rows"], args.recipe_target, args.cost_target, args.tuning_seconds
         )
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    common.write_json(out / "results.json", results)
     ran = (out / "command.txt").read_text().splitlines() if (out / "command.txt").exists() else []
     command, commit = (ran + ["?", "commit ?"])[:2]
     header = f"Command: `{command}`\n{commit.capitalize()}\nMachine: {ran_on(out)}\n\n"

@@ -13,12 +13,12 @@ Writes results.json and table.md under --out.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import timeit
 from datetime import datetime
 from pathlib import Path
 
+import common
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
@@ -116,7 +116,7 @@ def main() -> None:
     rounds: dict[str, dict[str, list[float]]] = {c: {"with": [], "without": []} for c in cases}
     for r in range(args.rounds):
         for case, (setting, step, batch) in cases.items():
-            order = ("with", "without") if r % 2 == 0 else ("without", "with")
+            order = common.alternating(("with", "without"), r)
             for side in order:
                 rounds[case][side].append(measure(setting, side == "with", step, batch))
             print(
@@ -160,7 +160,7 @@ def main() -> None:
         f" {costs_module.REPORT_EVERY_S * 1000:.0f} ms at most: at most {bound:.3%} of its time.",
     ]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    common.write_json(args.out / "results.json", results)
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

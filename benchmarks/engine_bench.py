@@ -32,18 +32,15 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
-
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import common  # noqa: E402
 from loader_bench import MEASURE  # noqa: E402
 
 from feedrate import stats  # noqa: E402
@@ -79,34 +76,21 @@ TARGETS = {  # ratio -> (low end at least, high end at most), on the interval
 def sweep(workload: str, row: str, out: Path, args, budget_gb: float | None) -> dict:
     """One sweep from scratch; its preset (copied under ``out``), wall time and decision."""
     name = f"bench_engine_{workload}_{row}"
-    sweep_dir = out / f"sweep_{workload}_{row}"
-    cmd = [
-        sys.executable,
-        "train.py",
-        "-m",
-        "sweep=loader",
+    overrides = [
         *WORKLOADS[workload],
         *args.extra,
         *args.sweep_extra,
         f"sweep.engines={SWEEPS[row]}",
         *([f"sweep.memory_budget_gb={budget_gb:.3f}"] if budget_gb else []),
-        f"sweep.preset_name={name}",
         "sweep.overwrite=true",
-        f"sweep.study_dir={out / 'studies'}",
-        f"hydra.sweep.dir={sweep_dir}",
     ]
-    print(f"[{workload}] sweep {row}: {' '.join(cmd[1:])}", flush=True)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
-    seconds = time.perf_counter() - t0
-    (out / f"sweep_{workload}_{row}.log").write_text(proc.stdout + proc.stderr)
-    preset = ROOT / "conf" / "loader" / f"{name}.yaml"
-    if proc.returncode != 0 or not preset.exists():
-        raise SystemExit(f"[{workload}] sweep {row} failed; see sweep_{workload}_{row}.log")
-    shutil.copy(preset, out / f"{name}.yaml")
-    values = yaml.safe_load(preset.read_text())
-    print(f"[{workload}] sweep {row}: {seconds:.0f} s, preset {_settings(values)}", flush=True)
-    return {"preset": name, "seconds": seconds, "values": values, "budget_gb": budget_gb}
+    ran = common.sweep(ROOT, overrides, name, out, f"sweep_{workload}_{row}")
+    shutil.copy(ran["path"], out / f"{name}.yaml")
+    values = ran["values"]
+    print(
+        f"[{workload}] sweep {row}: {ran['seconds']:.0f} s, preset {_settings(values)}", flush=True
+    )
+    return {"preset": name, "seconds": ran["seconds"], "values": values, "budget_gb": budget_gb}
 
 
 def _settings(values: dict) -> str:
@@ -121,7 +105,7 @@ def measure(workload: str, presets: dict, out: Path, args) -> list[dict]:
     live = {row: [f"loader={p['preset']}"] for row, p in presets.items()}
     live[FLOOR] = ["loader=default", "loader.num_workers=0"]  # one process: the memory floor
     for r in range(args.repeats):
-        order = list(live) if r % 2 == 0 else list(live)[::-1]
+        order = common.alternating(live, r)
         for row in order:
             res = run_trial(runner, [*base, *live[row]], out / workload / f"r{r}_{row}", 600)
             m = res.metrics if res.ok else {}
@@ -296,7 +280,7 @@ def summarise(out: Path) -> int:
         rows = [r for r in runs if r["workload"] == workload]
         res["compare"] = compare(workload, rows, res["presets"])
     results["summarised"] = {"by": "engine_bench.py --summarise", "commit": git_commit()}
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    common.write_json(out / "results.json", results)
     (out / "tables.md").write_text(tables(results))
     plot(results, out / "engines.png")
     print(tables(results))
@@ -356,7 +340,7 @@ def main() -> int:
             "presets": presets,
             "compare": compare(workload, rows, presets),
         }
-        (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        common.write_json(args.out / "results.json", results)
     (args.out / "tables.md").write_text(tables(results))
     plot(results, args.out / "engines.png")
     print(tables(results))

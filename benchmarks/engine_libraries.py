@@ -30,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+import common
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine}", flush=True)
     for workload in args.workloads:
         for r in range(args.rounds):
-            order = CONTESTANTS if r % 2 == 0 else CONTESTANTS[::-1]
+            order = common.alternating(CONTESTANTS, r)
             for kind in order:
                 res = measure(kind, workload, args.seconds, args.warmup_seconds)
                 runs.append({"workload": workload, "round": r, "contestant": kind, **res})
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         data = {"command": " ".join(sys.argv), "commit": git_commit(), "machine": machine}
         data["runs"] = runs
-        (args.out / "results.json").write_text(json.dumps({**data, "summary": summary}, indent=1))
+        common.write_json(args.out / "results.json", {**data, "summary": summary})
         plot(args.out)
     return 0
 

@@ -20,6 +20,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import common
+
 from feedrate import stats
 from feedrate.environment import git_commit
 from feedrate.hardware import detect
@@ -125,7 +127,7 @@ def main() -> int:
     rows = [{**one("forked", out, "server"), "round": -1}]  # the server's start, once
     print(f"fork server started with the first host: {rows[0]['seconds']:.2f} s", flush=True)
     for r in range(args.rounds):
-        order = ("fresh", "forked") if r % 2 == 0 else ("forked", "fresh")
+        order = common.alternating(("fresh", "forked"), r)
         for kind in order:
             row = {**one(kind, out, f"r{r}_{kind}"), "round": r}
             rows.append(row)
@@ -163,7 +165,7 @@ def main() -> int:
         "forked/fresh seconds": seconds.as_dict(),
         "forked/fresh peak_pss_mb": memory.as_dict(),
     }
-    (out / "results.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    common.write_json(out / "results.json", report)
     table = write_table(report, out)
     plot(rows, out / "host_start.png")
     print("\n" + table + f"\nwrote {out}")

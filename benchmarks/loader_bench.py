@@ -39,12 +39,12 @@ import multiprocessing
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
+import common
 from omegaconf import OmegaConf
 
 from feedrate import stats
@@ -221,33 +221,20 @@ def contestants(preset: str, cores: int) -> dict[str, list[str]]:
 def run_sweep(workload: str, out: Path, args: argparse.Namespace) -> dict:
     """The default loader sweep from scratch; returns its wall time in seconds, ``total``,
     and the seconds of each of its phases, as the sweep recorded them."""
-    cmd = [
-        sys.executable,
-        "train.py",
-        "-m",
-        "sweep=loader",
+    overrides = [
         *WORKLOADS[workload],
         *args.extra,
         *args.sweep_extra,
         *(["hydra.launcher.warm=false"] if args.fresh else []),
-        f"sweep.preset_name={preset_name(workload, args)}",
-        f"sweep.study_dir={out / 'studies'}",
-        f"hydra.sweep.dir={sweep_dir(out, workload)}",
     ]
-    print(f"[{workload}] sweep: {' '.join(cmd[1:])}", flush=True)
-    t0 = time.perf_counter()
-    preset = ROOT / "conf" / "loader" / f"{preset_name(workload, args)}.yaml"
-    before = preset.stat().st_mtime if preset.exists() else None
-    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
-    seconds = time.perf_counter() - t0
-    (out / f"sweep_{workload}.log").write_text(proc.stdout + proc.stderr)
-    written = preset.exists() and preset.stat().st_mtime != before
-    if proc.returncode != 0 or not written:
-        raise SystemExit(f"[{workload}] the sweep failed; see {out / f'sweep_{workload}.log'}")
+    ran = common.sweep(
+        ROOT, overrides, preset_name(workload, args), out, sweep_dir(out, workload).name
+    )
     decided = OmegaConf.load(sweep_dir(out, workload) / "final_decision.yaml")
     phases = OmegaConf.to_container(decided.seconds) if decided.get("seconds") else {}
-    print(f"[{workload}] sweep finished in {_sweep_time({'total': seconds, **phases})}", flush=True)
-    return {"total": seconds, **phases}
+    seconds = {"total": ran["seconds"], **phases}
+    print(f"[{workload}] sweep finished in {_sweep_time(seconds)}", flush=True)
+    return seconds
 
 
 def sweep_dir(out: Path, workload: str) -> Path:
@@ -367,7 +354,7 @@ def measure_all(
                 flush=True,
             )
             break
-        for name in list(live) if r % 2 == 0 else list(live)[::-1]:
+        for name in common.alternating(live, r):
             measure(r, name, live[name])
     runners.close()
 
@@ -918,7 +905,7 @@ def summarise_runs(out: Path) -> dict:
             if line:
                 r = json.loads(line)
                 fidelity.setdefault(r["workload"], []).append(r)
-    (out / "summary.json").write_text(json.dumps(results, indent=2) + "\n")
+    common.write_json(out / "summary.json", results)
     (out / "tables.md").write_text(tables(results, {}, fidelity))
     wrote = [out / "summary.json", out / "tables.md"]
     if results:
@@ -1059,7 +1046,7 @@ def main() -> int:
         "targets": TARGETS,
         "checks": [{"check": c, "value": v, "target": t, "pass": ok} for c, v, t, ok in checks],
     }
-    (out / "bench.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    common.write_json(out / "bench.json", report)
     (out / "tables.md").write_text(tables(results, sweep_seconds, fidelity))
     plot(results, out / "bench.png")
     print(f"\nwrote {out / 'bench.json'}, {out / 'tables.md'} and {out / 'bench.png'}")

@@ -142,10 +142,10 @@ def main() -> int:
     for example in args.example:
         rows: list[dict] = []
         for r in range(args.rounds):
-            order = CONTESTANTS if r % 2 == 0 else CONTESTANTS[::-1]
+            order = common.alternating(CONTESTANTS, r)
             rows += [run_one(example, name, r, out, args) for name in order]
             results[example] = {"rows": rows, "verdict": verdict(rows)}
-            (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+            common.write_json(out / "results.json", results)
     header = f"Command: `{command}`\nCommit {git_commit()}\nMachine: {machine}\n"
     (out / "table.md").write_text(table(results, header))
     plot(results, out / "loop.png")

@@ -246,7 +246,7 @@ def main() -> int:
         results = json.loads((args.summarise / "results.json").read_text())
         for res in results.values():
             res["verdicts"] = verdicts(res["rows"])
-        (args.summarise / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        common.write_json(args.summarise / "results.json", results)
         text = table(results, next(iter(results.values()))["ranks"])
         (args.summarise / "table.md").write_text(text)
         plot(results, args.summarise / "ranks.png")
@@ -278,7 +278,7 @@ def main() -> int:
         print(f"[{workload}] best of the grid: {best}", flush=True)
         runs = {**contestants(workload, args.ranks, cores), BEST_GRID: points[best]}
         for r in range(1, args.rounds + 1):
-            order = list(runs) if r % 2 else list(runs)[::-1]
+            order = common.alternating(runs, r - 1)  # rounds count from 1
             rows += [measure(runner, workload, n, runs[n], r, out, args.seconds) for n in order]
         results[workload] = {
             "ranks": args.ranks,
@@ -290,7 +290,7 @@ def main() -> int:
             "rows": rows,
             "verdicts": verdicts(rows),
         }
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        common.write_json(out / "results.json", results)
     text = table(results, args.ranks)
     (out / "table.md").write_text(text)
     (out / "command.txt").write_text(f"python {' '.join(sys.argv)}\ncommit {git_commit() or '?'}\n")

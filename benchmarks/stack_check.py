@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import common
 from tqdm import tqdm
 
 from feedrate import stats
@@ -72,7 +73,7 @@ def main() -> None:
     figures: dict[str, list[float | None]] = {"new": [], "old": []}
     bar = tqdm(total=2 * args.rounds, desc="stack check", unit="run")
     for r in range(args.rounds):
-        for side in ("new", "old") if r % 2 == 0 else ("old", "new"):
+        for side in common.alternating(("new", "old"), r):
             python, tree = sides[side]
             value = run(python, tree, args.overrides, args.seconds, args.out / f"r{r}_{side}")
             figures[side].append(value)
@@ -90,7 +91,7 @@ def main() -> None:
         "stacks": stacks,
         "command": " ".join(sys.argv),
     }
-    (args.out / "results.json").write_text(json.dumps(result, indent=2))
+    common.write_json(args.out / "results.json", result)
     lines = [
         f"`python {' '.join(sys.argv)}`",
         "",

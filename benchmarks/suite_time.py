@@ -17,7 +17,6 @@ Run it on a quiet machine: a job beside it shares the cores with the suite.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import common  # noqa: E402
 
 SUMMARY = re.compile(r"^=+ (?P<counts>.*?) in (?P<seconds>[\d.]+)s\b.*=+$")
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|error|errors|xfailed|xpassed)")
@@ -119,7 +120,7 @@ def main() -> int:
         "job": "git clone (HEAD) && bash .ci/run: creating .venv, installing, make test",
         "clean_clone": [run],
     }
-    (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
+    common.write_json(out / "results.json", report)
     shown = (
         f"{run['real_s']:.1f} s in all, {run['tests_s']:.1f} s of tests"
         if run["tests_s"] is not None

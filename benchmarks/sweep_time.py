@@ -188,7 +188,7 @@ def main() -> int:
         "steady_seconds": args.steady_seconds,
         "rows": rows,
     }
-    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    common.write_json(out / "results.json", report)
     (out / "table.md").write_text(f"`{report['command']}` ({fp.short()})\n\n{text}")
     plot(rows, out / "sweep_time.png")
     print(f"wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'sweep_time.png'}")

@@ -14,7 +14,6 @@ when it includes 1.0), and what each side's run cost in wall time; writes `resul
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -47,7 +46,7 @@ def measure(args: argparse.Namespace, out: Path) -> list[dict]:
         for r in range(args.rounds):
             for n in args.workers:
                 sides = {"warm": hosts[n], "fresh": fresh}
-                order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+                order = common.alternating(sides, r)
                 for side in order:
                     t0 = time.monotonic()
                     res = run_trial(
@@ -167,7 +166,7 @@ def main() -> int:
         "summary": summary,
         "runs": rows,
     }
-    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    common.write_json(out / "results.json", report)
     (out / "table.md").write_text(
         f"`{report['command']}` ({args.workload}, {fp.short()})\n\n{text}"
     )
