@@ -4,7 +4,10 @@ give for a choice. Every other test checks the decision, its rule and its number
 
 from __future__ import annotations
 
-from feedrate.tuning.decide import FASTEST, HELD
+from feedrate import stats
+from feedrate.sweep.decide import Contestant
+from feedrate.sweep.trial import TrialResult
+from feedrate.tuning.decide import FASTEST, HELD, decide
 from feedrate.tuning.policy import (
     ON_THREADS,
     PRESET_HOLDS,
@@ -59,3 +62,44 @@ def test_a_preset_that_holds_says_its_figure_against_the_one_it_records():
     assert choice.reason == (
         "the preset holds: 3,800.0 samples/s, within 10% of the 3,900.0 it records"
     )
+
+
+# The sweep's final decision (final_decision.yaml, the preset's header, the log)
+
+
+def _contestant(name: str, values: list[float], baseline: bool, workers: int) -> Contestant:
+    c = Contestant(name, [], baseline)
+    metrics = {"peak_pss_mb": 100.0, "run": {}}
+    c.results = [TrialResult([], "ok", value=v, metrics=metrics) for v in values]
+    c.loader = lambda: {"num_workers": workers}
+    return c
+
+
+def test_the_decision_names_the_slower_with_its_ratio_and_interval():
+    base = _contestant("recipe", [1500, 1520, 1510, 1505, 1515], True, workers=4)
+    cand = _contestant("trial 3", [2100, 2200, 2150, 2120, 2180], False, workers=32)
+    d = decide([base, cand])
+    assert "slower: recipe (significantly slower than trial 3: 0.70x [" in d.reason
+    assert "] loss)" in d.reason
+
+
+def test_a_cheaper_contestant_not_shown_equal_is_said_not_taken():
+    noisy = _contestant("recipe", [350, 450, 400, 420, 380], True, workers=4)
+    fast = _contestant("trial 3", [420, 430, 410, 425, 415], False, workers=32)
+    d = decide([noisy, fast])
+    assert "neither shown slower nor within 5% of the fastest, so not taken" in d.reason
+    assert "for being cheaper or as fast: recipe 0." in d.reason
+    tight = _contestant("recipe", [405, 415, 395, 410, 400], True, workers=4)
+    assert "the cheapest of those within 5% wins" in decide([tight, fast]).reason
+
+
+def test_the_fastest_by_the_paired_rounds_says_it_beat_the_higher_median():
+    wide = _contestant("trial 4", [1000, 1000, 1200, 2000, 2000], False, workers=46)
+    lean = _contestant("trial 2", [1030, 1030, 1150, 2060, 2060], False, workers=32)
+    d = decide([wide, lean])
+    assert "trial 2 is the fastest (1,150.0 samples/s), by the rounds both ran: trial 4" in d.reason
+
+
+def test_fewer_than_three_rounds_say_they_claim_nothing():
+    said = stats.compare([1100, 1150], [900, 950]).describe()
+    assert "no claim (2 rounds, 3 needed)" in said
