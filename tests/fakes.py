@@ -297,3 +297,15 @@ def _logging_kept():
             lg.handlers[:] = handlers
             lg.setLevel(level)
             lg.propagate, lg.disabled = propagate, disabled
+
+
+def contestant(name, values, baseline, workers=4, run=None):
+    """A final-round contestant of the sweep whose runs read ``values`` samples/s, in order,
+    each at 100 MB of peak memory, on ``workers`` workers."""
+    from feedrate.sweep.decide import Contestant
+
+    c = Contestant(name, [], baseline)
+    metrics = {"peak_pss_mb": 100.0, "run": run or {}}
+    c.results = [TrialResult([], "ok", value=v, metrics=metrics) for v in values]
+    c.loader = lambda: {"num_workers": workers}
+    return c

@@ -5,8 +5,6 @@ give for a choice. Every other test checks the decision, its rule and its number
 from __future__ import annotations
 
 from feedrate import stats
-from feedrate.sweep.decide import Contestant
-from feedrate.sweep.trial import TrialResult
 from feedrate.tuning.decide import FASTEST, HELD, decide
 from feedrate.tuning.policy import (
     ON_THREADS,
@@ -16,6 +14,8 @@ from feedrate.tuning.policy import (
     Machine,
     Setting,
 )
+
+from . import fakes
 
 BOTH = ("process", "thread")
 
@@ -67,12 +67,7 @@ def test_a_preset_that_holds_says_its_figure_against_the_one_it_records():
 # The sweep's final decision (final_decision.yaml, the preset's header, the log)
 
 
-def _contestant(name: str, values: list[float], baseline: bool, workers: int) -> Contestant:
-    c = Contestant(name, [], baseline)
-    metrics = {"peak_pss_mb": 100.0, "run": {}}
-    c.results = [TrialResult([], "ok", value=v, metrics=metrics) for v in values]
-    c.loader = lambda: {"num_workers": workers}
-    return c
+_contestant = fakes.contestant
 
 
 def test_the_decision_names_the_slower_with_its_ratio_and_interval():

@@ -72,12 +72,7 @@ from .conftest import ROOT
 # The decision
 
 
-def _contestant(name, values, baseline, workers=4, run=None):
-    c = Contestant(name, [], baseline)
-    metrics = {"peak_pss_mb": 100.0, "run": run or {}}
-    c.results = [TrialResult([], "ok", value=v, metrics=metrics) for v in values]
-    c.loader = lambda: {"num_workers": workers}
-    return c
+_contestant = fakes.contestant
 
 
 def test_a_significantly_faster_candidate_wins():
