@@ -237,7 +237,9 @@ class _Collective:
     (Ranks.every)."""
 
     def __init__(self) -> None:
-        self.barrier, self.values = threading.Barrier(2, timeout=10), [False, False]
+        # a rank's thread may wait seconds for a core while the suite runs beside it (10 s
+        # broke the barrier once under make test's load): a minute still ends a real deadlock
+        self.barrier, self.values = threading.Barrier(2, timeout=60), [False, False]
 
     def _exchange(self, rank: int, mine: bool) -> list[bool]:
         self.values[rank] = mine
@@ -288,7 +290,7 @@ def test_under_torchrun_every_rank_measures_the_same_steps_from_the_last_warm_up
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=30)
+        t.join(timeout=90)
     assert ended[0] == ended[1], "the ranks ended at different steps"
     first, second = (r.meter for r in ranks)
     assert alone[0].meter._warm_end == 2 < alone[1].meter._warm_end  # rank 1's is longer

@@ -479,6 +479,33 @@ def test_the_other_threads_are_verified_only_where_their_measured_spin_leaves_th
     assert replace(one, main_threads=2) in asked([best])
 
 
+def test_one_main_thread_is_measured_next_where_it_could_be_near_though_rated_slower():
+    """Photos on 2 cores: a batch of 64 burns 128 ms decoding in its worker, and the step
+    takes 100 ms on the run's 2 threads, its process spending 150 ms of CPU. The model counts
+    one thread at twice the step's time, 0.73x the rate measured; but one thread count says
+    little of another's (one main thread trained 518 samples/s there, two 423 and 452). The
+    climb measures it next, before any neighbour on two threads; where the tuner does not
+    turn the threads, never."""
+    two = Setting(4, 2, main_threads=2)
+    seen = costs(0.2, 2.0, 100.0, 150.0, batch=64, on=two, step_threads=2)
+    pipe = Pipeline(2.0, 64, main_threads=2)
+    one = replace(two, main_threads=1)
+    assert rate(seen, one, pipe)[0] < 0.8 * 436.0, "the model alone rates it out"
+
+    def asked(machine: Machine) -> list[Setting]:
+        """What the climb measures after the start, each other setting reading 0.9x."""
+        figures = [Figure(two, 436.0, 0.05, 0.99, 1.0, 0.5, costs=seen)]
+        climb, out = Climb(two, machine, window_s=1.0), []
+        while (nxt := climb.next(figures, 30.0)) is not None and len(out) < 8:
+            out.append(nxt)
+            figures.append(Figure(nxt, 392.0, 0.05, 0.99, 1.0, 0.5, costs=seen))
+        return out
+
+    turned = asked(Machine(2.0, 64, main_threads=2))
+    assert one in turned and turned.index(one) == 1, turned  # the prediction, then it
+    assert all(s.main_threads in (None, 2) for s in asked(Machine(2.0, 64)))
+
+
 def test_a_pool_the_cores_hold_is_sized_past_their_cap_where_reads_mostly_wait():
     """The held-out store's first window: a batch of 64 waits 512 ms and burns 29 ms. The
     cores cap the rate, at a figure one window's CPU a batch sets (23-46 ms over three such

@@ -1294,6 +1294,7 @@ def test_a_sweep_within_a_memory_budget_returns_a_preset_under_it(project, monke
         "sweep.start_methods=[spawn]",
         "sweep.memory_budget_gb=1.4",
         name="budget",
+        n_trials=4,  # the seed, the prediction, one main thread, then the wider spawn
     )
     assert swept.returncode == 0, swept.out[-3000:]
     sweep_dir = project / "multirun" / "0"

@@ -13,6 +13,7 @@ import logging
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -168,6 +169,73 @@ def _record_in_study(study: optuna.Study, decision: Decision, config: DictConfig
         " best *search* run (one short run each); the decision re-measured the finalists and"
         " the baselines in alternating rounds (final_decision.yaml in the sweep's directory).",
     )
+
+
+@dataclass
+class _Rounds:
+    """The final rounds' limits and their progress bar: what decides, after each round, what
+    is measured further and whether the rounds stop."""
+
+    rounds: int  # sweep.final_rounds: the most
+    budget: float | None  # sweep.budget_s
+    equivalence: float  # sweep.equivalence
+    looks: int  # the looks the intervals are corrected for (feedrate.stats.simultaneous)
+    bar: Any
+
+    def after(
+        self, contestants: list[Contestant], r: int, last_round_s: float, elapsed_s: float
+    ) -> bool:
+        """After round ``r`` (from 0), ``last_round_s`` long, the sweep at ``elapsed_s``:
+        drop the contestants the rounds show slower; True where the rounds stop (settled,
+        one contestant left, or the budget reached)."""
+        bar, left = self.bar, self.rounds - r - 1
+        # below half the fastest, which no run's noise spans: one round shows it (a
+        # contestant measured further only adds 8-13 s a run to the sweep)
+        for c in drop_clearly_slower(contestants):
+            self._drop(c, left)
+        for c in drop_shown_slower(contestants, self.equivalence, self.looks):
+            self._drop(c, left)
+        short = stats.MIN_ROUNDS - (r + 1)  # the rounds an interval still needs
+        ends = elapsed_s + OUTSIDE_S  # the command's, were the rounds to stop now
+        if self.budget is not None and short > 0 and ends + short * last_round_s > self.budget:
+            why = (
+                f"{short} more round(s) ({short * last_round_s:.0f} s) would end the sweep"
+                f" past sweep.budget_s={self.budget:g} s (at {elapsed_s:.0f} s now)"
+            )
+            for c in behind_every_round(contestants, 2 * self.equivalence, why):
+                self._drop(c, left)
+            if sum(not c.dropped for c in contestants) == 1:
+                bar.write(f"after {r + 1} rounds one contestant is left: the rest were behind")
+                bar.total = bar.n
+                return True
+        if left and settled(contestants, self.equivalence, self.looks):
+            bar.write(
+                f"settled after {r + 1} rounds: every contestant is significantly slower"
+                f" than another or within {self.equivalence:.0%} of the fastest"
+            )
+            return True
+        if (
+            self.budget is not None
+            and left
+            and r + 1 >= stats.MIN_ROUNDS
+            and ends + last_round_s > self.budget
+        ):
+            log.info(
+                "final rounds: stopped after %d, unsettled: one more (%.0f s) would end the"
+                " sweep past sweep.budget_s=%g s (at %.0f s now); the fastest by the paired"
+                " rounds wins where the rest is a tie not yet shown",
+                r + 1,
+                last_round_s,
+                self.budget,
+                elapsed_s,
+            )
+            bar.total = bar.n
+            return True
+        return False
+
+    def _drop(self, c: Contestant, left: int) -> None:
+        self.bar.write(f"{c.label}: {c.dropped}")
+        self.bar.total -= left
 
 
 class LoaderSweep(Callback):
@@ -392,9 +460,10 @@ class LoaderSweep(Callback):
             getattr(runner, "start", lambda: None)()
         # the rounds are looked at after each from the MIN_ROUNDS-th on (a drop, a stop): the
         # intervals are corrected for every look (feedrate.stats.simultaneous)
-        looks = stats.looks(rounds)
         bar = tqdm(total=rounds * len(contestants), desc="final re-measurement", unit="run")
-        budget = config.sweep.get("budget_s")
+        limits = _Rounds(
+            rounds, config.sweep.get("budget_s"), config.sweep.equivalence, stats.looks(rounds), bar
+        )
         for r in range(rounds):
             began = time.monotonic()
             # Alternate, and reverse every other round, so drift hits everyone alike.
@@ -413,51 +482,7 @@ class LoaderSweep(Callback):
                         bar.write(f"{c.label}: same settings, measured as one from now on")
                 bar.total -= (rounds - 1) * (len(contestants) - len(merged))
                 contestants = merged
-            # below half the fastest, which no run's noise spans: one round shows it (a
-            # contestant measured further only adds 8-13 s a run to the sweep)
-            for c in drop_clearly_slower(contestants):
-                bar.write(f"{c.label}: {c.dropped}")
-                bar.total -= rounds - r - 1
-            for c in drop_shown_slower(contestants, config.sweep.equivalence, looks):
-                bar.write(f"{c.label}: {c.dropped}")
-                bar.total -= rounds - r - 1
-            last_round_s = time.monotonic() - began
-            short = stats.MIN_ROUNDS - (r + 1)  # the rounds an interval still needs
-            ends = phases.elapsed() + OUTSIDE_S  # the command's, were the rounds to stop now
-            if budget is not None and short > 0 and ends + short * last_round_s > budget:
-                why = (
-                    f"{short} more round(s) ({short * last_round_s:.0f} s) would end the sweep"
-                    f" past sweep.budget_s={budget:g} s (at {phases.elapsed():.0f} s now)"
-                )
-                lead = 2 * config.sweep.equivalence
-                for c in behind_every_round(contestants, lead, why):
-                    bar.write(f"{c.label}: {c.dropped}")
-                    bar.total -= rounds - r - 1
-                if sum(not c.dropped for c in contestants) == 1:
-                    bar.write(f"after {r + 1} rounds one contestant is left: the rest were behind")
-                    bar.total = bar.n
-                    break
-            if r + 1 < rounds and settled(contestants, config.sweep.equivalence, looks):
-                bar.write(
-                    f"settled after {r + 1} rounds: every contestant is significantly slower"
-                    f" than another or within {config.sweep.equivalence:.0%} of the fastest"
-                )
-                break
-            if (
-                budget is not None
-                and stats.MIN_ROUNDS <= r + 1 < rounds
-                and ends + last_round_s > budget
-            ):
-                log.info(
-                    "final rounds: stopped after %d, unsettled: one more (%.0f s) would end the"
-                    " sweep past sweep.budget_s=%g s (at %.0f s now); the fastest by the paired"
-                    " rounds wins where the rest is a tie not yet shown",
-                    r + 1,
-                    last_round_s,
-                    budget,
-                    phases.elapsed(),
-                )
-                bar.total = bar.n
+            if limits.after(contestants, r, time.monotonic() - began, phases.elapsed()):
                 break
         bar.close()
         return contestants

@@ -19,8 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from feedrate.sweep import ceiling
 from feedrate.sweep.ceiling import read_ceiling
+from feedrate.sweep.climb import machine, setting_of
 from feedrate.sweep.feasibility import Skip
-from feedrate.sweep.space import max_workers, seed_workers, worker_bound
+from feedrate.sweep.space import DEPTH, ENGINE, WORKERS, max_workers, seed_workers, worker_bound
 from feedrate.tuning.model import HELD_BY, Costs, past_the_workers, rate
 
 log = logging.getLogger(__name__)
@@ -87,9 +88,6 @@ class Search:
         sweep = config.get("sweep")
         if self.costs is None or not sweep or not sweep.get("bound_by_model"):
             return None
-        from feedrate.sweep.climb import machine, setting_of
-        from feedrate.sweep.space import DEPTH, ENGINE, WORKERS
-
         loader = config.loader
         params = {
             WORKERS: loader.get("num_workers"),

@@ -144,14 +144,22 @@ def family(setting: Setting) -> tuple:
 
 
 def on_threads(costs: Costs, figures: list[Figure], setting: Setting) -> Costs:
-    """``costs`` as ``setting``'s main threads would spend them: where a figure measured the
-    training process on more threads than ``costs`` were, its CPU a batch there, the least
-    such (an intra-op pool spins on its cores between steps, CPU the model cannot derive from
-    one thread's: a held-out store on 2 cores spent 16-26 ms a batch on 2 threads against 7 on
-    one, and each of three windows on 2 threads read 0.61-0.79x one thread's)."""
+    """``costs`` as ``setting``'s main threads could spend them at best. On more threads than
+    ``costs`` were measured on: where a figure measured the training process there, its CPU a
+    batch there, the least such (an intra-op pool spins on its cores between steps, CPU the
+    model cannot derive from one thread's: a held-out store on 2 cores spent 16-26 ms a batch
+    on 2 threads against 7 on one, and each of three windows on 2 threads read 0.61-0.79x one
+    thread's). On fewer: the step no slower and its CPU no more than its time on each thread,
+    as one thread count tells nothing of what the others add (a small step on 2 cores beside
+    busy workers gains nothing from its second thread, and :func:`~feedrate.tuning.model.predict`
+    counts the most it could)."""
     t = setting.main_threads
-    if not t or not costs.step_threads or t <= costs.step_threads:
+    if not t or not costs.step_threads or t == costs.step_threads:
         return costs
+    if t < costs.step_threads:
+        return replace(
+            costs, step_threads=t, step_cpu_s=min(costs.step_cpu_s, t * costs.step_alone_s)
+        )
     spent = [
         f.costs.step_cpu_s
         for f in figures
@@ -259,12 +267,16 @@ class Climb:
     def _verify(self, best: Figure, figures: list[Figure], costs: Costs) -> list[Setting]:
         """The prediction first, predicted again from the latest costs (a prediction measured
         has costs of its own, at the load it puts on the cores), at most three, each measured
-        unless a setting within ``CLOSE`` of it was; then the best setting's neighbours, one
-        on each side its figures leave open: wider where the loop still waits and the last
-        step wider paid (:meth:`_widening_paid`; a cap on the cores is a prediction too: more
-        workers beside a busy step were faster than the model said on held-out data), else
-        narrower where the cores are busy (workers compete with the step); the other engine,
-        the other split of threads and no workers where the model rates them near it."""
+        unless a setting within ``CLOSE`` of it was; then the best setting on the other split
+        of threads, where it could be near it (:func:`on_threads`: what one thread count costs
+        says little of another's, and photos on 2 cores trained 518 samples/s where autotune
+        took one main thread, against 423 and 452 where it kept two, the model rating one
+        thread slower); then its neighbours, one on each side its figures leave open: wider
+        where the loop still waits and the last step wider paid (:meth:`_widening_paid`; a
+        cap on the cores is a prediction too: more workers beside a busy step were faster than
+        the model said on held-out data), else narrower where the cores are busy (workers
+        compete with the step); the other engine and no workers where the model rates them
+        near it."""
         moves = []
         if len(self.predictions) < 3:
             predicted = self._predicted(figures, costs).setting
@@ -273,6 +285,12 @@ class Climb:
         here, pipe = best.setting, self.pipeline
         near = (1 - 2 * EQUIVALENCE) * best.samples_per_sec
         if here.num_workers:
+            split = self._other_threads(here)
+            if (
+                split is not None
+                and rate(on_threads(costs, figures, split), split, pipe)[0] >= near
+            ):
+                moves.append(split)
             n, side = here.num_workers, None
             widen = best.data_wait_frac >= STILL_WAITS and n < pipe.max_workers
             if widen and self._widening_paid(best, figures):
@@ -286,12 +304,6 @@ class Climb:
                 for s in self._other_engine(here)
                 if rate(costs, s, pipe)[0] >= near and not self._close_to_tried(s, figures)
             ]
-            split = self._other_threads(here)
-            if (
-                split is not None
-                and rate(on_threads(costs, figures, split), split, pipe)[0] >= near
-            ):
-                moves.append(split)
             if rate(costs, Setting(0), pipe)[0] >= near:
                 moves.append(Setting(0))
         return [self._valid(m) for m in moves]
