@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 import feedrate
 from feedrate.costs import Costed, CostedCollate, TimedReads, split
 from feedrate.tuning.model import Costs, Pipeline, depth, headroom, predict, rate
-from feedrate.tuning.policy import WIDER, Climb, Figure, Machine, Setting
+from feedrate.tuning.policy import FEWER_THREADS, WIDER, Climb, Figure, Machine, Setting
 
 BOTH = ("process", "thread")
 
@@ -504,6 +504,38 @@ def test_one_main_thread_is_measured_next_where_it_could_be_near_though_rated_sl
     turned = asked(Machine(2.0, 64, main_threads=2))
     assert one in turned and turned.index(one) == 1, turned  # the prediction, then it
     assert all(s.main_threads in (None, 2) for s in asked(Machine(2.0, 64)))
+    # one thread measured, its step twice as long: the next best on two threads is not split
+    # again on the benefit of the doubt, but rated with the step one thread measured
+    slow = costs(0.2, 2.0, 200.0, 200.0, batch=64, on=one, step_threads=1)
+    measured = [
+        Figure(two, 436.0, 0.05, 0.99, 1.0, 0.5, costs=seen),
+        Figure(one, 300.0, 0.05, 0.99, 1.0, 0.5, costs=slow),
+        Figure(replace(two, num_workers=9), 480.0, 0.05, 0.99, 1.0, 0.5, costs=seen),
+    ]
+    climb = Climb(two, Machine(2.0, 64, main_threads=2), window_s=1.0)
+    later = []
+    while (nxt := climb.next(measured, 30.0)) is not None and len(later) < 8:
+        later.append(nxt)
+        measured.append(Figure(nxt, 400.0, 0.05, 0.99, 1.0, 0.5, costs=seen))
+    assert all(s.main_threads != 1 for s in later), later
+
+
+@pytest.mark.parametrize("one_read, expected", [(2006.0, 1), (1900.0, 2)])
+def test_the_same_workers_within_5_percent_on_fewer_main_threads_are_taken(one_read, expected):
+    """Held-out tickets: 23 workers read 2,094 samples/s on 2 main threads and 2,006 on one,
+    a window each: no 5% either way, and one thread is taken (its pool does not spin on the
+    workers' cores). Clearly slower on one thread, the two are kept."""
+    start = Setting(4, 2, main_threads=2)
+    two, one = Setting(23, 2, main_threads=2), Setting(23, 2, main_threads=1)
+    figures = [
+        Figure(start, 402.0, 0.94, 0.27, 2.9, 0.6),
+        Figure(one, one_read, 0.40, 0.98, 3.1, 1.0),
+        Figure(two, 2094.0, 0.12, 0.99, 4.8, 1.6),
+    ]
+    choice = Climb(start, Machine(2.0, 64, main_threads=2), window_s=1.0).choose(figures)
+    assert choice.setting.main_threads == expected
+    assert (choice.rule == FEWER_THREADS) == (expected == 1)
+    assert choice.beats_start
 
 
 def test_a_pool_the_cores_hold_is_sized_past_their_cap_where_reads_mostly_wait():

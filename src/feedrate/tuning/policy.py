@@ -116,6 +116,7 @@ NOTHING_MEASURED = "nothing-measured"  # every setting failed: the start runs on
 UNTUNED = "untuned"  # a budget too small to measure anything: the start runs
 ON_THREADS = "on-threads"  # threads as fast as the processes chosen, without their memory
 WIDER = "wider"  # a wider pool as fast, where the loop still waited and reads mostly wait
+FEWER_THREADS = "fewer-threads"  # as fast on fewer main threads: their pool's spin left out
 
 
 @dataclass(frozen=True)
@@ -149,25 +150,31 @@ def on_threads(costs: Costs, figures: list[Figure], setting: Setting) -> Costs:
     batch there, the least such (an intra-op pool spins on its cores between steps, CPU the
     model cannot derive from one thread's: a held-out store on 2 cores spent 16-26 ms a batch
     on 2 threads against 7 on one, and each of three windows on 2 threads read 0.61-0.79x one
-    thread's). On fewer: the step no slower and its CPU no more than its time on each thread,
+    thread's). On fewer: where a figure measured the step there, the fastest such step and its
+    CPU; until one did, the step no slower and its CPU no more than its time on each thread,
     as one thread count tells nothing of what the others add (a small step on 2 cores beside
     busy workers gains nothing from its second thread, and :func:`~feedrate.tuning.model.predict`
     counts the most it could)."""
     t = setting.main_threads
     if not t or not costs.step_threads or t == costs.step_threads:
         return costs
+    seen = [f.costs for f in figures if f.ok and f.costs is not None and f.costs.step_threads == t]
     if t < costs.step_threads:
+        if seen:
+            fastest = min(seen, key=lambda c: c.step_alone_s)
+            return replace(
+                costs,
+                step_threads=t,
+                step_s=fastest.step_s,
+                step_queued_s=fastest.step_queued_s,
+                step_cpu_s=fastest.step_cpu_s,
+            )
         return replace(
             costs, step_threads=t, step_cpu_s=min(costs.step_cpu_s, t * costs.step_alone_s)
         )
-    spent = [
-        f.costs.step_cpu_s
-        for f in figures
-        if f.ok and f.costs is not None and f.costs.step_threads == t
-    ]
-    if not spent:
+    if not seen:
         return costs
-    return replace(costs, step_cpu_s=max(costs.step_cpu_s, min(spent)))
+    return replace(costs, step_cpu_s=max(costs.step_cpu_s, min(c.step_cpu_s for c in seen)))
 
 
 class Climb:
@@ -287,10 +294,14 @@ class Climb:
         if here.num_workers:
             split = self._other_threads(here)
             if (
-                split is not None
-                and rate(on_threads(costs, figures, split), split, pipe)[0] >= near
+                split is None
+                or self._close_to_tried(split, figures)
+                or rate(on_threads(costs, figures, split), split, pipe)[0] < near
             ):
-                moves.append(split)
+                split = None
+            elif split.main_threads < (here.main_threads or self.machine.main_threads):
+                moves.append(split)  # fewer threads: next, on the benefit of the doubt
+                split = None
             n, side = here.num_workers, None
             widen = best.data_wait_frac >= STILL_WAITS and n < pipe.max_workers
             if widen and self._widening_paid(best, figures):
@@ -304,6 +315,8 @@ class Climb:
                 for s in self._other_engine(here)
                 if rate(costs, s, pipe)[0] >= near and not self._close_to_tried(s, figures)
             ]
+            if split is not None:  # more threads: once the neighbours are measured
+                moves.append(split)
             if rate(costs, Setting(0), pipe)[0] >= near:
                 moves.append(Setting(0))
         return [self._valid(m) for m in moves]
@@ -479,21 +492,39 @@ class Climb:
         decision = decide(measured, incumbent=incumbent, gain=self.gain)
         chosen = next(s for s, c in once.items() if c is decision.winner)
         reason, rule = decision.reason, decision.rule
+
+        def taken(other: Figure, within: float, why: str) -> str:
+            return (
+                f"; {other.setting.describe()} measured {other.samples_per_sec:,.1f} samples/s,"
+                f" within {within:.0%} of it {why}"
+            )
+
+        fewer = self._as_fast_on_fewer_threads(chosen, figures)
+        if fewer is not None:
+            chosen, rule = fewer.setting, FEWER_THREADS
+            reason += taken(
+                fewer,
+                EQUIVALENCE,
+                "(one window each), on fewer main threads: taken, as their intra-op pool"
+                " spins on the cores the workers use",
+            )
         threads = self._as_fast_on_threads(chosen, figures)
         wider = self._wider_as_fast(chosen, figures) if threads is None else None
         if threads is not None:
             chosen, rule = threads.setting, ON_THREADS
-            reason += (
-                f"; {chosen.describe()} measured {threads.samples_per_sec:,.1f} samples/s,"
-                f" within {EQUIVALENCE:.0%} of it (one window each), without a worker process"
-                " and its memory a worker: taken for that"
+            reason += taken(
+                threads,
+                EQUIVALENCE,
+                "(one window each), without a worker process and its memory a worker:"
+                " taken for that",
             )
         elif wider is not None:
             chosen, rule = wider.setting, WIDER
-            reason += (
-                f"; {chosen.describe()} measured {wider.samples_per_sec:,.1f} samples/s,"
-                f" within {2 * EQUIVALENCE:.0%} of it in a window its start-up shares, where"
-                " the loop still waited: taken, as its extra workers only wait"
+            reason += taken(
+                wider,
+                2 * EQUIVALENCE,
+                "in a window its start-up shares, where the loop still waited: taken, as its"
+                " extra workers only wait",
             )
         if incumbent is None:
             return Choice(chosen, f"{reason} (the start has no figure)", True, rule)
@@ -529,6 +560,29 @@ class Climb:
             and f.samples_per_sec >= (1 - 2 * EQUIVALENCE) * here.samples_per_sec
         ]
         return max(wider, key=lambda f: f.setting.num_workers, default=None)
+
+    @staticmethod
+    def _as_fast_on_fewer_threads(chosen: Setting, figures: list[Figure]) -> Figure | None:
+        """``chosen``'s workers on fewer main threads, where they measured within
+        ``EQUIVALENCE`` of it: one window each shows no 5% either way, and the threads' pool
+        spins between steps on the cores the workers use, which a window's start shows less
+        than a run does (held-out tickets on 2 cores: 23 workers read 2,094 samples/s on 2
+        threads and 2,006 on one in a window each; the run on 2 threads then trained 1,920
+        in steady state, against 2,827 for the sweep's preset on one)."""
+        if not chosen.num_workers or not chosen.main_threads:
+            return None
+        rate = max(f.samples_per_sec for f in figures if f.ok and f.setting == chosen)
+        fewer = [
+            f
+            for f in figures
+            if f.ok
+            and not f.left_early
+            and f.setting.main_threads
+            and f.setting.main_threads < chosen.main_threads
+            and replace(f.setting, main_threads=chosen.main_threads) == chosen
+            and f.samples_per_sec >= (1 - EQUIVALENCE) * rate
+        ]
+        return max(fewer, key=lambda f: f.samples_per_sec, default=None)
 
     @staticmethod
     def _as_fast_on_threads(chosen: Setting, figures: list[Figure]) -> Figure | None:
