@@ -110,6 +110,15 @@ def typed_figures(text: str) -> list[str]:
     return [line for line in text.splitlines() if FIGURE.search(line)]
 
 
+def span(seconds: list[float]) -> str:
+    """``6-8`` for the least and the most of ``seconds``, ``6`` where they round alike, ``-``
+    for none."""
+    if not seconds:
+        return "-"
+    low, high = f"{min(seconds):.0f}", f"{max(seconds):.0f}"
+    return low if low == high else f"{low}-{high}"
+
+
 def git(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
 
@@ -566,7 +575,7 @@ def first_autotune(doc: Path) -> str:
         commit, machine = provenance(folder)
         tuned, choice = v["autotune_vs_tuned"], v["choice_vs_tuned"]
         rounds = max(min(x["rounds"]) for x in (tuned, choice, v["autotune_vs_recipe"]) if x)
-        seconds = f"{min(v['tuning_s']):.0f}-{max(v['tuning_s']):.0f}" if v["tuning_s"] else "-"
+        seconds = span(v["tuning_s"])
         rows.append(
             f"| {workload} | {machine} | {short(commit)} | {rounds} |"
             f" {target(tuned, 0.9) if tuned else '-'} | {seconds} |"
@@ -618,7 +627,7 @@ def autotune_history(doc: Path) -> str:
                 f"| {label(folder)} | {machine} | {short(commit)} |"
                 f" {workload} | {float(seconds):.0f} | {rounds} |"
                 f" {judged(v['autotune_vs_tuned'], 0.9)} | {ratio(v['autotune_vs_recipe'])} |"
-                f" {f'{min(tuning):.0f}-{max(tuning):.0f}' if tuning else '-'} |"
+                f" {span(tuning)} |"
                 f" {ratio(v['choice_vs_tuned'])} |"
             )
     return cited(rows, folders, doc)
@@ -849,7 +858,7 @@ def headline_autotune(doc: Path) -> str:
         rows.append(
             f"| {workload} | {max((min(x['rounds']) for x in kept), default='-')} |"
             f" {ratio(v['autotune_vs_recipe'])} | {judged(v['autotune_vs_tuned'], 0.95)} |"
-            f" {f'{min(tuning):.0f}-{max(tuning):.0f}' if tuning else '-'} |"
+            f" {span(tuning)} |"
             f" {ratio(v['choice_vs_tuned'])} |"
         )
     return cited(rows, [folder], doc)
