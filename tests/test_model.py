@@ -593,3 +593,24 @@ def test_a_narrower_step_already_measured_is_not_measured_again():
     assert 23 not in asked([first, narrow, wide])
     further = Figure(Setting(15, 2, main_threads=1), 1900.0, 0.40, 0.95, 4.2, 2.0, costs=seen)
     assert 23 in asked([first, further, wide]), "15 is more than a step narrower than 35"
+
+
+def test_more_main_threads_are_measured_only_after_the_best_ones_neighbours():
+    """Held-out tickets: the prediction, 23 workers on one main thread, read 2,006 samples/s,
+    the loop still waiting 40%. The climb measures one step wider on that thread first; 23 on
+    the run's 2 threads (no spin measured there to rate them out) only after it."""
+    start, one = Setting(4, 2, main_threads=2), Setting(23, 2, main_threads=1)
+    seen_two = costs(8.0, 0.9, 9.3, 9.3, batch=64, on=start, step_threads=2)
+    seen_one = costs(8.0, 0.7, 19.2, 15.7, batch=64, on=one, step_threads=1)
+    figures = [
+        Figure(start, 402.0, 0.94, 0.27, 2.9, 0.6, costs=seen_two),
+        Figure(one, 2006.0, 0.40, 0.98, 3.1, 1.0, costs=seen_one),
+    ]
+    climb, asked = Climb(start, Machine(2.0, 64, main_threads=2), window_s=1.0), []
+    while (nxt := climb.next(figures, 30.0)) is not None and len(asked) < 8:
+        asked.append(nxt)
+        figures.append(Figure(nxt, 1800.0, 0.30, 0.98, 3.5, 1.2, costs=seen_one))
+    two = replace(one, main_threads=2)
+    wider = [s for s in asked if s.main_threads == 1 and s.num_workers > one.num_workers]
+    assert two in asked and wider, asked
+    assert asked.index(wider[0]) < asked.index(two), asked
