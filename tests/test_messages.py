@@ -7,13 +7,13 @@ from __future__ import annotations
 from feedrate import stats
 from feedrate.tuning.decide import FASTEST, HELD, decide
 from feedrate.tuning.policy import (
-    ON_THREADS,
     PRESET_HOLDS,
     Climb,
     Figure,
     Machine,
     Setting,
 )
+from feedrate.tuning.ties import ON_THREADS
 
 from . import fakes
 

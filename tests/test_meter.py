@@ -353,6 +353,27 @@ def test_a_warm_up_bounded_in_seconds_ends_once_the_queue_ran_dry():
     assert steps(None, waits) == 10, "unbounded: two windows must agree after the backlog"
 
 
+def test_a_warm_up_bounded_in_seconds_waits_for_every_workers_first_batch():
+    """A sweep's trial on 16 processes whose first batches take a second to come (they
+    start on 2 cores): ``max_s`` after the first step does not end the warm-up while the
+    last workers still start; the first step after every worker delivered does. A pool
+    that never delivers around still ends it ``LONGEST`` times ``max_s`` on."""
+
+    def ended(workers, step_s):
+        clock = Clock()
+        warm = WarmUp(2, backlog=32, window_steps=2, clock=clock, max_s=0.5, workers=workers)
+        for n in range(1, 200):
+            clock.now += step_s
+            if warm.update(False):
+                return n, clock.now
+        return None, clock.now
+
+    assert ended(16, 0.07)[0] == 17, "max_s (0.5 s) passed at step 9: the pool still started"
+    assert ended(0, 0.07)[0] == 9, "no workers: max_s after the first step"
+    steps, at = ended(100, 0.07)
+    assert steps is not None and at == pytest.approx(0.07 + 3 * 0.5, abs=0.071)
+
+
 def test_ranks_ask_rank_0_only_when_measuring_ends_by_what_a_rank_sees():
     """By steps or epochs each rank knows when it is done, and asks nothing (a stream's ranks
     may run out at different steps, which DDP's join covers; a broadcast would hang there);

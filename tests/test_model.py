@@ -14,7 +14,8 @@ from torch.utils.data import Dataset
 import feedrate
 from feedrate.costs import Costed, CostedCollate, TimedReads, split
 from feedrate.tuning.model import Costs, Pipeline, depth, headroom, predict, rate
-from feedrate.tuning.policy import FEWER_THREADS, WIDER, Climb, Figure, Machine, Setting
+from feedrate.tuning.policy import Climb, Figure, Machine, Setting
+from feedrate.tuning.ties import FEWER_THREADS, WIDER
 
 BOTH = ("process", "thread")
 

@@ -14,8 +14,9 @@ import pytest
 import feedrate
 from feedrate.errors import ConfigError
 from feedrate.tuning.decide import FASTEST, HELD
-from feedrate.tuning.policy import ON_THREADS, PRESET_HOLDS, Climb, Figure, Machine, Setting
+from feedrate.tuning.policy import PRESET_HOLDS, Climb, Figure, Machine, Setting
 from feedrate.tuning.probe import Probe
+from feedrate.tuning.ties import ON_THREADS
 from tests.tuning_fakes import Indices, Shards, epoch_of, tuning_loader
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,7 +229,8 @@ def test_a_window_is_bounded_in_seconds_not_steps():
         probe.took(0.5, 64)
         steps += 1
     figure = probe.figure(seconds=clock.now)
-    assert clock.now <= 1.0 + 0.5 + 2.0 + 0.5  # warm-up ended at the first real wait
+    # warm-up ended at the first real wait after each of the 8 workers delivered once
+    assert clock.now <= 1.0 + 8 * 0.5 + 2.0 + 0.5
     assert figure.samples_per_sec == pytest.approx(128.0)
     assert figure.data_wait_frac == pytest.approx(1.0)
     assert figure.startup_s == 1.0 and steps < 8 * 8  # not the backlog of 64 batches
@@ -247,8 +249,8 @@ def test_a_setting_measured_slower_than_the_best_is_left_at_once():
 
 def test_a_setting_its_loader_holds_back_is_left_half_a_window_after_its_first_wait():
     """64 workers with deep queues whose consumer waits for them: they deliver a tenth of the
-    best rate. The first wait opens the window (nothing is queued), and half a window of it
-    leaves the setting, with the cores that window saw."""
+    best rate. The first wait after every worker delivered once opens the window (nothing is
+    queued), and half a window of it leaves the setting, with the cores that window saw."""
     clock, cpu = Ticks(), Cores()
     probe = Probe(Setting(64, 8), window_s=3.0, best=2800.0, clock=clock, cpu=cpu)
     clock.now = 1.5
@@ -258,7 +260,7 @@ def test_a_setting_its_loader_holds_back_is_left_half_a_window_after_its_first_w
         cpu.run(0.1, busy=0.6)
         probe.took(0.08, 30)  # 300 samples/s, most of it waited for: the loader holds it back
     figure = probe.figure(seconds=clock.now)
-    assert figure.left_early and clock.now <= 1.5 + 0.1 + 1.5 + 0.11
+    assert figure.left_early and clock.now <= 1.5 + 64 * 0.1 + 1.5 + 0.11
     assert figure.samples_per_sec == pytest.approx(300.0)
     assert figure.data_wait_frac == pytest.approx(0.8)
     assert figure.cpu_busy_frac == pytest.approx(0.6)
@@ -293,11 +295,35 @@ def test_a_window_that_waited_on_its_loader_is_left_half_way():
     clock = Ticks()
     probe = Probe(Setting(24), window_s=3.0, best=1088.0, clock=clock)
     probe.took(0.0, 64)
+    for _ in range(23):  # the other workers' first batches
+        probe.took(0.0, 64)
     probe.took(0.5, 64)  # nothing queued: the window opens
     while not probe.done:
         clock.now += 0.1
         probe.took(0.07, 50)  # 500 samples/s, 70% of it waiting for data
     assert probe.left_early and clock.now <= 1.5 + 0.11
+
+
+def test_a_wide_pool_is_read_once_every_worker_delivered_not_while_it_starts():
+    """34 processes on 2 cores (held-out audio): the first batch came 1.7 s after the loader
+    was built, and the consumer then waits on the last workers' first batches (34 of them in
+    2 s, a start-up). A window opened at that first wait read 0.86x of 28 workers; opened
+    after every worker delivered once, it reads what the pool sustains."""
+    clock = Ticks()
+    probe = Probe(Setting(34, 2), window_s=1.8, best=1951.0, clock=clock)
+    clock.now = 1.7
+    probe.took(1.7, 64)  # the first worker's first batch
+    for _ in range(33):  # the others', while they start: waited for
+        clock.now += 2.0 / 33
+        probe.took(0.05, 64)
+    assert probe.window_from is None, "still starting: no window yet"
+    steady = 2300.0
+    while not probe.done:
+        clock.now += 64 / steady
+        probe.took(0.25 * 64 / steady, 64)
+    figure = probe.figure(seconds=clock.now)
+    assert not figure.left_early
+    assert figure.samples_per_sec == pytest.approx(steady, rel=0.01)
 
 
 def test_a_warm_up_at_the_best_rate_goes_on_to_its_window():

@@ -17,6 +17,7 @@ from feedrate.config import Measure
 from feedrate.costs import BatchCost
 from feedrate.drift import DriftGuard
 from feedrate.tuning.model import Costs
+from feedrate.tuning.probe import LONGEST
 from feedrate.tuning.spent import Tally
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,9 @@ class WarmUp:
     the queue ran dry, so batches now come at the workers' pace. Waiting out the whole backlog
     there cost 46 workers x prefetch 8 of photos 70 s a run at 650 samples/s.
     Bounded in seconds (``max_s``: a sweep's trials), it ends as a tuning loader's window
-    opens: once the queue ran dry, with no windows to agree, or ``max_s`` after the first step.
+    opens: once the queue ran dry, with no windows to agree, or ``max_s`` after the first step
+    once every worker delivered (``LONGEST`` times it regardless): a wide pool still starting
+    is not the rate it sustains.
     ``clock`` is passed in so tests can drive it.
     """
 
@@ -93,14 +96,17 @@ class WarmUp:
         self.steps += 1
         if self.ended:  # under torchrun, until every rank's is over
             return True
-        drained = waited and self.steps > self.workers  # the queue ran dry: no backlog left
+        started = self.steps > self.workers  # every worker delivered once
+        drained = waited and started  # the queue ran dry: no backlog left
         if drained:
             self.backlog = min(self.backlog, self.steps)
-        if self.max_s is not None:  # settled or not, as a tuning loader's window opens:
-            now = self.clock()  # once the queue ran dry, or ``max_s`` after the first step
-            if self._first_at is None:
+        if self.max_s is not None:  # settled or not, as a tuning loader's window opens: once
+            now = self.clock()  # the queue ran dry, or ``max_s`` after the first step once
+            if self._first_at is None:  # every worker started (``LONGEST`` x it regardless)
                 self._first_at = now
-            elif self.steps >= self.min_steps and (drained or now - self._first_at >= self.max_s):
+            elif self.steps >= self.min_steps and (
+                drained or now - self._first_at >= self.max_s * (1.0 if started else LONGEST)
+            ):
                 return self._over()
         if self.steps < max(self.min_steps, self.backlog):
             return False

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from feedrate.tuning.decide import EQUIVALENCE, GAIN, Once, decide
 from feedrate.tuning.model import Costs, Pipeline, Prediction, predict, rate
 from feedrate.tuning.setting import PROCESS, THREAD, Setting
+from feedrate.tuning.ties import STILL_WAITS, family, ties
 
 MAX_STEP = 4.0  # the most a step multiplies the workers by
 DEEPEST_PREFETCH = 8
@@ -27,7 +28,6 @@ WAIT_HIGH = 0.10  # above: the consumer waits for data (input-bound)
 BUSY = 0.90  # of the cores: no room for more workers doing CPU work
 PER_WORKER_S = 0.02  # start-up a worker adds, at least (a fork, and its first batch queued)
 CLOSE = 1.2  # workers this close (as a ratio) are one setting to a single window
-STILL_WAITS = 0.05  # of its window: a loop that waited this much might take more workers
 
 
 def worker_bound(cores: float) -> int:
@@ -114,9 +114,6 @@ class Machine:
 PRESET_HOLDS = "preset-holds"  # the start, a preset measured here, still reads its figure
 NOTHING_MEASURED = "nothing-measured"  # every setting failed: the start runs on
 UNTUNED = "untuned"  # a budget too small to measure anything: the start runs
-ON_THREADS = "on-threads"  # threads as fast as the processes chosen, without their memory
-WIDER = "wider"  # a wider pool as fast, where the loop still waited and reads mostly wait
-FEWER_THREADS = "fewer-threads"  # as fast on fewer main threads: their pool's spin left out
 
 
 @dataclass(frozen=True)
@@ -136,12 +133,6 @@ class Choice:
             data["beats_start"],
             data.get("rule", ""),  # a checkpoint from before rules were kept
         )
-
-
-def family(setting: Setting) -> tuple:
-    """What two settings that differ only in their workers share: the engine, the depth and
-    the main threads."""
-    return (setting.engine, setting.depth, setting.main_threads)
 
 
 def on_threads(costs: Costs, figures: list[Figure], setting: Setting) -> Costs:
@@ -274,16 +265,16 @@ class Climb:
     def _verify(self, best: Figure, figures: list[Figure], costs: Costs) -> list[Setting]:
         """The prediction first, predicted again from the latest costs (a prediction measured
         has costs of its own, at the load it puts on the cores), at most three, each measured
-        unless a setting within ``CLOSE`` of it was; then the best setting on the other split
-        of threads, where it could be near it (:func:`on_threads`: what one thread count costs
-        says little of another's, and photos on 2 cores trained 518 samples/s where autotune
-        took one main thread, against 423 and 452 where it kept two, the model rating one
-        thread slower); then its neighbours, one on each side its figures leave open: wider
-        where the loop still waits and the last step wider paid (:meth:`_widening_paid`; a
-        cap on the cores is a prediction too: more workers beside a busy step were faster than
-        the model said on held-out data), else narrower where the cores are busy (workers
-        compete with the step); the other engine and no workers where the model rates them
-        near it."""
+        unless a setting within ``CLOSE`` of it was; then the best setting on fewer main
+        threads, where it could be near it (:func:`on_threads` gives fewer threads the benefit
+        of the doubt until one is measured: what one thread count costs says little of
+        another's, and on photos the model rated one thread slower where it trained faster);
+        then its neighbours, one on each side its figures leave open: wider where the loop
+        still waits and the last step wider paid (:meth:`_widening_paid`; a cap on the cores
+        is a prediction too: more workers beside a busy step were faster than the model said
+        on held-out data), else narrower where the cores are busy (workers compete with the
+        step); then the other engine, the best on more main threads and no workers, where
+        the model rates them near it."""
         moves = []
         if len(self.predictions) < 3:
             predicted = self._predicted(figures, costs).setting
@@ -493,108 +484,12 @@ class Climb:
         chosen = next(s for s, c in once.items() if c is decision.winner)
         reason, rule = decision.reason, decision.rule
 
-        def taken(other: Figure, within: float, why: str) -> str:
-            return (
-                f"; {other.setting.describe()} measured {other.samples_per_sec:,.1f} samples/s,"
-                f" within {within:.0%} of it {why}"
-            )
-
-        fewer = self._as_fast_on_fewer_threads(chosen, figures)
-        if fewer is not None:
-            chosen, rule = fewer.setting, FEWER_THREADS
-            reason += taken(
-                fewer,
-                EQUIVALENCE,
-                "(one window each), on fewer main threads: taken, as their intra-op pool"
-                " spins on the cores the workers use",
-            )
-        threads = self._as_fast_on_threads(chosen, figures)
-        wider = self._wider_as_fast(chosen, figures) if threads is None else None
-        if threads is not None:
-            chosen, rule = threads.setting, ON_THREADS
-            reason += taken(
-                threads,
-                EQUIVALENCE,
-                "(one window each), without a worker process and its memory a worker:"
-                " taken for that",
-            )
-        elif wider is not None:
-            chosen, rule = wider.setting, WIDER
-            reason += taken(
-                wider,
-                2 * EQUIVALENCE,
-                "in a window its start-up shares, where the loop still waited: taken, as its"
-                " extra workers only wait",
+        for tie in ties(chosen, figures):
+            chosen, rule = tie.figure.setting, tie.rule
+            reason += (
+                f"; {chosen.describe()} measured {tie.figure.samples_per_sec:,.1f} samples/s,"
+                f" within {tie.within:.0%} of it {tie.why}"
             )
         if incumbent is None:
             return Choice(chosen, f"{reason} (the start has no figure)", True, rule)
         return Choice(chosen, reason, chosen != self.start, rule)
-
-    @staticmethod
-    def _wider_as_fast(chosen: Setting, figures: list[Figure]) -> Figure | None:
-        """The widest pool of ``chosen`` (its engine, depth and threads) that read within
-        ``2 x EQUIVALENCE`` of it, where the loop still waited ``STILL_WAITS`` at ``chosen``
-        and its reads mostly wait (off the CPU half their time, as its costs say).
-        A window reads a wider pool low: its workers start inside it, on the cores the
-        others use (64 processes on 2 cores started for 4.5 s of a 6.6 s window). Where the
-        loop waits, the extra workers only wait once started, and a pool short of the data's
-        need loses the rate by the shortfall: held-out sensors chose 46-52 workers over 64
-        read 0.91x and 0.99x in one window each, and trained 0.85x the sweep's 57 in steady
-        state."""
-        if not chosen.num_workers:
-            return None
-        mine = [f for f in figures if f.ok and f.setting == chosen]
-        here = max(mine, key=lambda f: f.samples_per_sec, default=None)
-        if here is None or here.data_wait_frac < STILL_WAITS or here.costs is None:
-            return None
-        if not here.costs.waits_mostly:  # reads that burn the cores: workers compete
-            return None
-        same = family(chosen)
-        wider = [
-            f
-            for f in figures
-            if f.ok
-            and not f.left_early
-            and family(f.setting) == same
-            and f.setting.num_workers > chosen.num_workers
-            and f.samples_per_sec >= (1 - 2 * EQUIVALENCE) * here.samples_per_sec
-        ]
-        return max(wider, key=lambda f: f.setting.num_workers, default=None)
-
-    @staticmethod
-    def _as_fast_on_fewer_threads(chosen: Setting, figures: list[Figure]) -> Figure | None:
-        """``chosen``'s workers on fewer main threads, where they measured within
-        ``EQUIVALENCE`` of it: one window each shows no 5% either way, and the threads' pool
-        spins between steps on the cores the workers use, which a window's start shows less
-        than a run does (held-out tickets on 2 cores: 23 workers read 2,094 samples/s on 2
-        threads and 2,006 on one in a window each; the run on 2 threads then trained 1,920
-        in steady state, against 2,827 for the sweep's preset on one)."""
-        if not chosen.num_workers or not chosen.main_threads:
-            return None
-        rate = max(f.samples_per_sec for f in figures if f.ok and f.setting == chosen)
-        fewer = [
-            f
-            for f in figures
-            if f.ok
-            and not f.left_early
-            and f.setting.main_threads
-            and f.setting.main_threads < chosen.main_threads
-            and replace(f.setting, main_threads=chosen.main_threads) == chosen
-            and f.samples_per_sec >= (1 - EQUIVALENCE) * rate
-        ]
-        return max(fewer, key=lambda f: f.samples_per_sec, default=None)
-
-    @staticmethod
-    def _as_fast_on_threads(chosen: Setting, figures: list[Figure]) -> Figure | None:
-        """The fastest thread setting, where it measured within ``EQUIVALENCE`` of ``chosen``,
-        a setting on worker processes: as fast, at the memory of one process. One window each
-        shows no 5% either way, so the cheaper engine is given the benefit of the doubt, as
-        the start is given ``gain``."""
-        if chosen.threads or not chosen.num_workers:  # no worker process to save
-            return None
-        rate = max(f.samples_per_sec for f in figures if f.ok and f.setting == chosen)
-        threads = [f for f in figures if f.ok and not f.left_early and f.setting.threads]
-        best = max(threads, key=lambda f: f.samples_per_sec, default=None)
-        if best is None or best.samples_per_sec < (1 - EQUIVALENCE) * rate:
-            return None
-        return best

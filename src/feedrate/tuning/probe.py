@@ -5,9 +5,13 @@ tuning loader").
 A new loader first delivers what its workers queued while they started, at compute speed: the
 window opens once that backlog is eaten, which the first real wait shows (a consumer that
 waits has nothing queued), or after ``workers x prefetch_factor`` batches, or after a
-window's length, whichever comes first. The window is bounded in seconds, not steps, so a
-slow setting costs no more time than a fast one, and one clearly slower than the best so far
-is left after half a window.
+window's length, whichever comes first. The wait and the length count only once every worker
+delivered a batch (batches come in order, one a worker a round): while a wide pool still
+starts, the consumer waits on its last workers' first batches, and a window opened there
+reads the start-up, not the rate (docs/design.md, "A warm-up that ends when the backlog
+does"). A window opens regardless ``LONGEST`` window lengths after the first batch. The window
+is bounded in seconds, not steps, so a slow setting costs no more time than a fast one, and
+one clearly slower than the best so far is left after half a window.
 
 "Clearly slower" means slower *because of its loader*: the consumer waited for data at least
 ``HELD_BACK`` of the time. A consumer that hardly waited ran at its own speed, and on cores it
@@ -104,9 +108,17 @@ class Probe:
 
     def _warming(self, now: float, waited: float, samples: int) -> None:
         mean = (now - self.warm_from) / self.warm_batches if self.warm_batches else 0.0
-        drained = self.warm_batches >= 1 and waited > 0.25 * max(mean, 1e-3)  # nothing queued
+        waits = self.warm_batches >= 1 and waited > 0.25 * max(mean, 1e-3)
         self.warm_batches += 1
-        if drained or self.warm_batches >= self.backlog or now - self.warm_from >= self.window_s:
+        # batches come in order, one a worker a round: this one is a second round's, so every
+        # worker delivered once (started) and a wait now means nothing is queued
+        started = self.warm_batches >= self.setting.num_workers
+        warm_s = now - self.warm_from
+        if (
+            (started and (waits or warm_s >= self.window_s))
+            or self.warm_batches >= self.backlog
+            or warm_s >= LONGEST * self.window_s
+        ):
             self.window_from = now
             self.cpu_at = self.cpu() if self.cpu is not None else None
             self.main_cpu_at = self.main_cpu() if self.main_cpu is not None else None
