@@ -206,7 +206,7 @@ def test_on_a_gpu_presets_pin_and_pytorchs_default_says_it_does_not(compose, cap
     assert loader_kwargs(compose("loader=ssd_8core").loader, hw)["pin_memory"] is True
     with caplog.at_level(logging.INFO, logger="feedrate"):
         assert loader_kwargs(compose("loader=default").loader, hw)["pin_memory"] is False
-    assert "pin_memory=false: host-to-device copies come from pageable memory" in caplog.text
+    assert "pin_memory=false" in caplog.text, "the setting it takes, said"
 
 
 def test_the_fingerprint_names_what_loaders_depend_on(tmp_path):
@@ -278,6 +278,6 @@ def test_cli_bad_value_exits_2_with_one_message(tmp_path, train_here):
     proc = train_here("loader.persistent_workers=true", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2, proc.stderr
     out = proc.stdout + proc.stderr
-    assert "loader.persistent_workers=true needs worker processes" in out
+    assert "loader.persistent_workers=true" in out and "num_workers" in out, "both keys named"
     assert "Traceback" not in out
     assert not (tmp_path / "metrics.json").exists()

@@ -175,3 +175,26 @@ def test_cli_refuses_an_unpicklable_dataset_before_spawning(tmp_path, train_here
 
 def test_fork_does_not_need_a_picklable_dataset():
     check_picklable(_LockedDataset(), "fork")
+
+
+def test_the_held_out_radar_store_reads_the_same_frames_twice_and_labels_them():
+    """examples/radar_store.py, a store written to judge the tuners: a sample is made from its
+    index (two runs read the same store), sized as tiny_cnn takes it, with one of its classes;
+    a cache that misses more reads waits longer; a hit rate that is no fraction is named."""
+    import time
+
+    from examples.radar_store import RadarFrames
+
+    store = RadarFrames(length=64, hit_rate=1.0, hit_ms=0.0)
+    image, label = store[5]
+    again, same = RadarFrames(length=64, hit_rate=1.0, hit_ms=0.0)[5]
+    assert image.shape == (3, 32, 32) and image.dtype == torch.float32
+    assert torch.equal(image, again) and label == same
+    assert {store[i][1] for i in range(64)} <= set(store.classes)
+    assert len({store[i][1] for i in range(64)}) > 2, "the classes are not one"
+    slow = RadarFrames(length=8, hit_rate=0.0, miss_ms=20.0, spread=0.0)
+    t0 = time.perf_counter()
+    slow[0], slow[1]
+    assert time.perf_counter() - t0 >= 0.04, "every read missed the cache"
+    with pytest.raises(ValueError, match="hit_rate=1.5"):
+        RadarFrames(hit_rate=1.5)

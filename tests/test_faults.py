@@ -403,7 +403,7 @@ def test_cli_names_the_sample_and_exits_2_without_a_traceback(tmp_path):
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     out = proc.stdout + proc.stderr
-    assert "sample 5 could not be loaded: ValueError: bad record header" in out
+    assert "sample 5" in out and "ValueError: bad record header" in out, "which, and its error"
     assert "Traceback" not in out
 
 
@@ -485,7 +485,7 @@ def test_too_many_open_files_is_named_with_the_limit(tmp_path):
         preexec_fn=low_limit,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "too many open files (the limit is 48)" in proc.stdout
+    assert "open files" in proc.stdout and "48" in proc.stdout, "the limit, with its number"
     assert "ulimit -n" in proc.stdout
     # The workers say it once each, in one line, not a traceback per failed send
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
@@ -519,7 +519,7 @@ def test_copy_on_read_growth_is_stopped_by_the_memory_guard(tmp_path):
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-2000:]
-    assert f"over the limit of {limit:.2f} GB (hardware.memory_limit_gb)" in out
+    assert f"{limit:.2f} GB" in out and "hardware.memory_limit_gb" in out, "the limit and its key"
     assert "Its 4 workers hold" in out and "copy-on-read pattern" in out
     assert "Traceback" not in out and not (tmp_path / "b" / "metrics.json").exists()
 

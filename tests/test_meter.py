@@ -456,8 +456,8 @@ def test_a_pipeline_that_falls_behind_is_said_once_per_episode(caplog):
     assert guard.episodes == 1 and run.meter.finish()["drift_warnings"] == 1
     warnings = [r.getMessage() for r in caplog.records if "fell behind" in r.getMessage()]
     assert len(warnings) == 1
-    assert "waited for data 80% of the time in steps 19-30" in warnings[0]  # 2 of 3 behind
-    assert "against 20% early in this run (steps 3-14)" in warnings[0]
+    # 2 of 3 behind: the waits, then and now, and the steps each was measured over
+    assert all(f in warnings[0] for f in ("80%", "19-30", "20%", "3-14"))
     run.steps(4 * 4, wait=0.01, compute=0.04)  # recovered
     run.steps(4 * 4, wait=0.04, compute=0.01)  # behind again: a second episode
     assert guard.episodes == 2
@@ -469,7 +469,7 @@ def test_the_preset_measured_figure_is_a_reference_too():
     guard = DriftGuard(rise=0.25, windows=3, preset_wait=0.1)
     for k in range(3):
         message = guard.window((4 * k + 1, 4 * k + 4), 0.7)
-    assert guard.episodes == 1 and "against 10% when the preset was measured" in message
+    assert guard.episodes == 1 and "10%" in message and "preset" in message
     steady = DriftGuard(rise=0.25, windows=3)
     assert all(steady.window((k, k), 0.7) is None for k in range(10))
     noisy = DriftGuard(rise=0.25, windows=3)

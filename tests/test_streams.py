@@ -119,10 +119,10 @@ def test_a_stream_position_from_another_step_or_split_is_not_restored(tmp_path):
     save_stream(last, reader, Position(step=40, stream={"_snapshot": {"step": 3}}))
     assert stream_state(saved, last, reader) == ({"_snapshot": {"step": 3}}, "")
     state, why = stream_state({"step": 50}, last, reader)
-    assert state is None and "is at step 40, the checkpoint at 50" in why
+    assert state is None and "40" in why and "50" in why, "both steps, named"
     wider = Reader(rank=1, world_size=4, num_workers=2)
     state, why = stream_state(saved, last, wider)
-    assert state is None and "was read by world_size=2, this run has 4" in why
+    assert state is None and "world_size=2" in why and "4" in why
     save_stream(last, reader, Position(step=40, stream={"odd": np.int64(3)}))
     state, why = stream_state(saved, last, reader)
     assert state is None and "must hold plain ints" in why
@@ -198,7 +198,7 @@ def test_a_resumed_webdataset_goes_on_from_where_it_stopped(shards, tmp_path, tr
         *_webdataset(shards, tmp_path, *common, "trainer.max_steps=null", "trainer.resume=true")
     )
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "the stream goes on from its position at step 5 (epoch 0)" in again.stdout
+    assert "step 5 (epoch 0)" in again.stdout, "where the stream goes on from"
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == steps > 5
 
 
@@ -304,7 +304,7 @@ def test_a_users_stream_resumes_on_each_rank_from_its_own_position(tmp_path, tor
     proc = torchrun_here(2, *again, cwd=tmp_path, env={"PYTHONPATH": "."})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    assert "the stream goes on from its position at step 3 (epoch 0)" in out
+    assert "step 3 (epoch 0)" in out, "where the stream goes on from"
     seen = collections.Counter(
         int(k) for f in (tmp_path / "seen").iterdir() for k in f.read_text().split()
     )

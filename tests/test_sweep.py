@@ -130,7 +130,7 @@ def test_fewer_than_three_rounds_claim_nothing_but_a_factor_of_two():
     slow = _contestant("default", [80], True, workers=0)
     fast = _contestant("trial 1", [2100], False, workers=32)
     d = decide([slow, fast])
-    assert d.winner is fast and "clearly slower: its best run, 80.0 samples/s" in d.reason
+    assert d.winner is fast and "80.0" in d.why_slower["default"], "slower, by its best run"
 
 
 def test_a_target_is_met_only_when_the_whole_interval_clears_it():
@@ -206,7 +206,7 @@ def test_a_contestant_that_failed_a_final_run_is_out(who):
     loser.results.append(TrialResult([], "failed", reason="killed by SIGKILL"))
     d = decide([base, cand])
     assert d.winner is not loser and loser.failures == ["failed: killed by SIGKILL"]
-    assert f"out for a failed final run: {loser.name}" in d.reason
+    assert loser.name in d.reason, "the contestant out is named"
 
 
 def _trial(workers, prefetch=7, **more):
@@ -579,7 +579,7 @@ def test_the_seeds_bound_the_workers_searched_once_the_rate_falls_past_the_best(
     assert worker_bound(seeds, {2: 644.0, 8: 630.0, 32: 500.0}) is None
     # the loader alone fell at 8 too (the ceiling's runs): two measurements, 32 is not run
     limit, why = worker_bound(seeds, {2: 644.0, 8: 570.0}, loader_falls_at=8)
-    assert limit == 8 and "(8 workers 570) and so is the loader alone" in why
+    assert limit == 8 and "570" in why, "the rate that fell, named"
     assert worker_bound(seeds, {2: 644.0, 8: 570.0}, loader_falls_at=32) is None
     assert worker_bound(seeds, {2: 644.0, 8: 630.0}, loader_falls_at=8) is None, "noise at 8"
 
@@ -646,7 +646,7 @@ def test_trials_twice_as_wide_as_a_pool_the_cores_hold_are_skipped_not_run(compo
     assert search.costs is not None and search.costs[2] == 1, "the fastest trial's costs"
     skip = search.past_model(wide)
     assert skip is not None and skip.reason.startswith("48 workers: from trial 1's costs")
-    assert "24 of them held by the cores" in skip.reason
+    assert "24" in skip.reason, "what the cores hold"
     assert search.past_model(compose(*base, "loader.num_workers=5")) is None, "2 would not be"
     assert search.past_model(compose(*base, "loader.num_workers=6")) is not None
     off = compose(*base, "sweep.bound_by_model=false", "loader.num_workers=48")
@@ -895,7 +895,7 @@ def test_guard_skips_what_is_predicted_over_the_memory_budget():
     skip = guard.check(over)
     assert "predicted memory 1,100 MB" in skip.reason
     assert skip.predicted_mb == pytest.approx(1100.0, abs=0.1)
-    assert "exceeds the memory budget 1,000 MB (sweep.memory_budget_gb=0.98)" in skip.reason
+    assert "1,000 MB" in skip.reason and "sweep.memory_budget_gb=0.98" in skip.reason
 
 
 def test_the_fastest_over_the_memory_budget_cannot_win():
@@ -908,7 +908,7 @@ def test_the_fastest_over_the_memory_budget_cannot_win():
     assert unbounded.winner is fast
     bounded = decide([base, fast, slow], Budget(1000.0, "sweep.memory_budget_gb=0.98"))
     assert bounded.winner is slow and bounded.fastest is slow
-    assert "over the memory budget: trial 1 (used 2,000 MB at peak" in bounded.reason
+    assert "trial 1" in bounded.reason and "2,000 MB" in bounded.reason, "out, and its peak"
 
 
 def test_when_nothing_fits_the_budget_the_error_says_how_much_would():
@@ -2147,7 +2147,7 @@ def test_the_search_stops_near_the_ceiling_only_when_a_second_run_agrees():
     assert calls == [900.0] and search.stop_reason is None, "lucky once: the search goes on"
     search.check_ceiling(config, 5, 985.0, _confirmed_at(975.0, calls))
     assert search.stop_reason.startswith("trial 5 reaches 0.98 of what this machine allows")
-    assert "and 0.97 in a second run" in search.stop_reason
+    assert "0.97" in search.stop_reason, "the second run's figure"
 
 
 def test_a_ceiling_measured_higher_the_second_time_keeps_the_search_going(tmp_path):
@@ -2199,13 +2199,13 @@ def test_the_gap_names_the_side_where_the_time_goes():
     shared = ceiling.Ceiling(ceiling.SHARED, 742.0, 2393.0)
     words, shares = ceiling.gap(515.0, shared)
     assert shares["loader"] == pytest.approx(515 / 742) and shares["model"] > 0
-    assert "the loader is where the time goes" in words and "0.91 of the ceiling" in words
+    assert shares["loader"] > shares["model"] and "0.91" in words
     assert shares["sharing"] == pytest.approx(1 - 515 / 742 - 515 / 2393)
     # faster than the additive model: the overlap is named, not hidden
     words, shares = ceiling.gap(1304.0, ceiling.Ceiling(ceiling.SHARED, 2373.0, 2609.0))
     assert shares["sharing"] < 0 and "overlap" in words
     words, _ = ceiling.gap(900.0, ceiling.Ceiling(ceiling.GPU, 1000.0, 3000.0))
-    assert "the loader sets the pace" in words and "10% is lost" in words
+    assert "10%" in words, "what is lost to the loader"
 
 
 def test_a_loader_only_run_that_measured_nothing_leaves_the_gap_out(tmp_path, monkeypatch, caplog):
