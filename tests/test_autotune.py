@@ -347,9 +347,7 @@ def test_auto_with_no_preset_measured_here_tunes_in_the_run_and_the_next_run_pic
     ]
     with caplog.at_level(logging.INFO, logger="feedrate"):
         metrics = feedrate.run(feedrate.compose(first, config_dir=conf), tmp_path / "a")
-    assert "so this run tunes its loader as it trains (loader=autotune), from loader=" in (
-        caplog.text
-    )
+    assert "loader=autotune" in caplog.text, "the one line says it tunes instead"
     report = metrics["autotune"]
     assert report["chosen"]["num_workers"] > 0 and report["preset"]
     assert (conf / "loader" / "first_auto.yaml").exists() and _each_once(tmp_path, 3)
@@ -359,7 +357,7 @@ def test_auto_with_no_preset_measured_here_tunes_in_the_run_and_the_next_run_pic
     then = [o for o in then if not o.startswith(start)]  # the preset's own, not the start's
     with caplog.at_level(logging.INFO, logger="feedrate"):
         again = feedrate.run(feedrate.compose(then, config_dir=conf), tmp_path / "b")
-    assert "loader=auto picked loader=first_auto: measured on this machine" in caplog.text
+    assert "loader=first_auto" in caplog.text, "the one line names the preset it picked"
     assert (
         "autotune" not in again
         and again["run"]["loader"]["num_workers"] == (report["chosen"]["num_workers"])
@@ -435,8 +433,7 @@ def test_on_drift_retune_tunes_again_once_the_data_wait_rose(tmp_path, short_win
     cfg = feedrate.compose(overrides, config_dir=CONF)
     with caplog.at_level(logging.WARNING, logger="feedrate"):
         metrics = feedrate.run(cfg, output_dir=tmp_path)
-    assert "the input pipeline fell behind" in caplog.text
-    assert "tuning again from" in caplog.text
+    assert metrics["drift_warnings"] >= 1 and "tuning again from" in caplog.text
     earlier = metrics["autotune"]["earlier"]
     assert earlier and all(phase["chosen"] is not None for phase in earlier)
     # each tuning starts from the setting the one before chose (the last may have measured

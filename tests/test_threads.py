@@ -207,9 +207,7 @@ def test_thread_workers_need_workers_and_leave_process_settings_unused(caplog):
     with caplog.at_level("INFO", logger="feedrate"):
         kwargs = loader_kwargs(cfg.loader, hw)
     assert kwargs["multiprocessing_context"] is None and kwargs["worker_threads"] is None
-    assert (
-        "multiprocessing_context=spawn, worker_threads=2 applies to worker processes" in caplog.text
-    )
+    assert "multiprocessing_context=spawn" in caplog.text and "worker_threads=2" in caplog.text
 
 
 def test_the_doctor_says_which_engine_the_samples_call_for(capsys):
@@ -218,7 +216,7 @@ def test_the_doctor_says_which_engine_the_samples_call_for(capsys):
     tiny = ["dataset=synthetic", "dataset.n_samples=64", "dataset.image_size=16"]
     doctor.main([*tiny, "dataset.io_latency_ms=20", "loader.num_workers=2"])
     waits = capsys.readouterr().out
-    assert "engine" in waits and "thread workers (loader.engine=thread) hide the wait" in waits
+    assert "loader.engine=thread" in waits, "threads, advised where reads wait"
     # beside two busy processes, so that a computing read spends time off the CPU too: it
     # waits behind them, runnable, not blocked
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
