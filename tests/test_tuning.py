@@ -336,7 +336,62 @@ def test_a_warm_up_at_the_best_rate_goes_on_to_its_window():
     assert not probe.done and probe.window_from is None
 
 
+def test_a_probe_on_a_running_pool_opens_its_window_at_its_first_batch():
+    """A split of threads on the workers running already: nothing starts, so no start-up is
+    measured (the line through start-ups leaves it out) and no warm-up is waited out; after
+    an epoch's end its next loader warms up as any other."""
+    clock = Ticks()
+    probe = Probe(Setting(16), window_s=1.0, best=None, clock=clock)
+    probe.keep_running()
+    clock.now = 0.05
+    probe.took(0.05, 64)
+    assert probe.window_from == 0.05 and probe.startup_s == 0.0
+    probe.pause()
+    probe.took(0.5, 64)
+    assert probe.window_from is None, "a new epoch's pool warms up again"
+
+
+def test_a_split_of_threads_on_the_running_pool_is_predicted_to_cost_its_window():
+    """What the climb expects a measurement to take decides whether it fits the budget: a
+    split of threads on the pool that runs now starts nothing, another width starts a pool."""
+    climb = Climb(Setting(4), Machine(2.0, 64), window_s=1.5)
+    ran = Figure(Setting(24, main_threads=2), 900.0, 0.4, seconds=6.0, startup_s=3.0)
+    assert climb.predicted_seconds(Setting(24, main_threads=1), [ran]) == 1.5
+    assert climb.predicted_seconds(Setting(16, main_threads=2), [ran]) > 2 * 1.5
+
+
 # -- the loader, with real DataLoaders ---------------------------------------------------------
+
+
+def test_a_split_of_threads_goes_on_with_the_same_workers(monkeypatch):
+    """The climb asks the setting it runs on another count of the step's threads: the workers
+    go on (no loader is built for it, and every sample is still read once), the step takes
+    the threads, and the split's figure has no start-up."""
+    import torch
+
+    loader = tuning_loader(Indices(240), num_workers=2)
+    built = []
+    make = loader.make_loader
+    monkeypatch.setattr(loader, "make_loader", lambda tl, s: built.append(s) or make(tl, s))
+    asked = []
+
+    def split(figures, seconds_left):
+        if asked:
+            return None
+        asked.append(Setting(2, 2, main_threads=1 if figures[0].setting.main_threads != 1 else 2))
+        return asked[0]
+
+    monkeypatch.setattr(loader.climb, "next", split)
+    threads = torch.get_num_threads()
+    try:
+        assert sorted(epoch_of(loader)) == list(range(240))
+        assert [s.main_threads for s in built][:1] != [asked[0].main_threads]
+        assert len(built) == 1, "one pool, kept for the split"
+        tried = loader.figures
+        assert tried[1].setting == asked[0] and tried[1].startup_s == 0.0
+        assert tried[1].ok and tried[0].startup_s > 0
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("persistent", [False, True])

@@ -51,6 +51,7 @@ from feedrate.tuning.policy import (
     worker_bound,
 )
 from feedrate.tuning.session import MIN_BUDGET_S, TuningSession
+from feedrate.tuning.setting import same_pool
 
 log = logging.getLogger("feedrate.tuning")
 
@@ -405,6 +406,10 @@ class TuningLoader:
             yield batch
             if self.tuning and not self.stream and self.ranks.agree(session.measured()):
                 if session.next_setting():
+                    if same_pool(setting, self.current):  # the step's threads alone: the
+                        session.keep_pool()  # workers go on, and nothing starts
+                        self._loader_setting = setting = self.current
+                        continue
                     # at once: the batches its workers still read are not wanted (the next
                     # setting goes on from the last one taken), and the iteration's own end
                     # would wait for each read, up to a batch's time

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from feedrate.tuning.decide import EQUIVALENCE, GAIN, Once, decide
 from feedrate.tuning.model import Costs, Pipeline, Prediction, predict, rate
-from feedrate.tuning.setting import PROCESS, THREAD, Setting
+from feedrate.tuning.setting import PROCESS, THREAD, Setting, same_pool
 from feedrate.tuning.ties import STILL_WAITS, family, ties
 
 MAX_STEP = 4.0  # the most a step multiplies the workers by
@@ -416,7 +416,10 @@ class Climb:
         """What measuring ``setting`` would take: its window, its warm-up (at most a window)
         and its start-up, a line through the start-ups measured on its engine (a fixed part,
         the first batch's own time among it, and a part that grows with the workers). Threads
-        start in microseconds: before any is measured, the least start-up measured."""
+        start in microseconds: before any is measured, the least start-up measured. A split of
+        threads on the pool running now starts nothing: its window alone."""
+        if figures and figures[-1].ok and same_pool(figures[-1].setting, setting):
+            return self.window_s
         started = [f for f in figures if f.startup_s > 0]
         mine = [f for f in started if f.setting.engine == setting.engine]
         if setting.threads and not mine:  # threads start in microseconds: the fixed part

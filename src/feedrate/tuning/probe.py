@@ -72,6 +72,8 @@ class Probe:
         self.startup_s: float | None = None  # building its loader to its first batch
         self.warm_from: float | None = None  # the first batch of this loader
         self.warm_batches = 0
+        # its workers already run (:meth:`keep_running`): no start-up to measure or wait out
+        self.running = False
         self.window_from: float | None = None  # the window's opening (this epoch's part)
         self.open = _Tally()  # the window's part in this epoch
         self.held = _Tally()  # its parts in epochs before (it pauses at each epoch end)
@@ -95,6 +97,8 @@ class Probe:
             if self.startup_s is None:
                 self.startup_s = now - self.began
             self.warm_from = now
+            if self.running:  # its queues are in their steady state already
+                self._open(now)
             return
         if self.window_from is None:
             self._warming(now, waited, samples)
@@ -119,10 +123,13 @@ class Probe:
             or self.warm_batches >= self.backlog
             or warm_s >= LONGEST * self.window_s
         ):
-            self.window_from = now
-            self.cpu_at = self.cpu() if self.cpu is not None else None
-            self.main_cpu_at = self.main_cpu() if self.main_cpu is not None else None
-            self.loop_queued_at = self.loop_clock()[2] if self.loop_clock is not None else None
+            self._open(now)
+
+    def _open(self, now: float) -> None:
+        self.window_from = now
+        self.cpu_at = self.cpu() if self.cpu is not None else None
+        self.main_cpu_at = self.main_cpu() if self.main_cpu is not None else None
+        self.loop_queued_at = self.loop_clock()[2] if self.loop_clock is not None else None
 
     def _slower(self, t: _Tally) -> bool:
         """Shown slower than the best: below ``LEAVE_BELOW`` of it, with the consumer held
@@ -164,9 +171,15 @@ class Probe:
         if self.window_from is not None:
             self.window_from += gap
 
+    def keep_running(self) -> None:
+        """Its loader is the last setting's, its workers running (a split of threads on the
+        same pool): nothing starts, so its window opens at its first batch."""
+        self.running, self.startup_s = True, 0.0
+
     def pause(self) -> None:
         """The epoch ended: the window so far is held, and the next loader warms up again
         (an epoch's end and its restart are not the setting's steady state)."""
+        self.running = False
         if self.window_from is not None:
             self.held = self._total()
             self._busy()

@@ -109,6 +109,14 @@ class TuningSession:
                 setting.describe(),
             )
 
+    def keep_pool(self) -> None:
+        """The setting now differs from the last only in the step's threads: the last one's
+        workers go on (nothing starts), the step takes its new threads."""
+        if self.current.main_threads:
+            torch.set_num_threads(self.current.main_threads)
+        if self.probe is not None:
+            self.probe.keep_running()
+
     def took(self, waited: float, samples: int, cost: Any, in_tail: bool) -> None:
         """The loop took a batch of ``samples`` after waiting ``waited`` s for it."""
         if not self.tuning:

@@ -58,6 +58,12 @@ class Setting:
         return out
 
 
+def same_pool(a: Setting, b: Setting) -> bool:
+    """One loader serves both: they differ in the step's threads alone, which the training
+    process sets (``torch.set_num_threads``) while the workers go on."""
+    return replace(a, main_threads=b.main_threads) == b
+
+
 def on_searched(setting: Setting, searched: tuple[str, ...], whose: str) -> Setting:
     """``setting``, on the first engine searched where its own is left out here (threads, for
     data they cannot read, or not asked for), said."""
