@@ -405,6 +405,27 @@ def test_every_sample_once_an_epoch_across_switches(persistent):
     assert loader.report()["chosen"] is not None
 
 
+def test_a_loader_with_persistent_workers_collected_in_a_cycle_ends_them_at_once():
+    """A tuning loader and what refers back to it (a clock of its own, say) are collected
+    together: its persistent workers end by PyTorch's own shutdown while the queues still work,
+    not after PyTorch's join timeout for each worker in turn (5 s each, 20 s for these 4)."""
+    import gc
+    import time
+
+    from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
+
+    loader = tuning_loader(Indices(240), persistent_workers=True)
+    loader.cycle = loader  # what a loop's objects may well do
+    epoch_of(loader), epoch_of(loader)
+    workers = loader._loader._iterator._workers
+    assert len(workers) >= 2 and all(w.is_alive() for w in workers)
+    del loader
+    t0 = time.monotonic()
+    gc.collect()
+    assert time.monotonic() - t0 < MP_STATUS_CHECK_INTERVAL, "no worker waited out its join"
+    assert not any(w.is_alive() for w in workers)
+
+
 def test_a_setting_left_mid_epoch_has_its_workers_killed_not_waited_for(monkeypatch):
     """The batches its workers still read are not wanted (the next setting goes on from the
     last batch taken), and PyTorch's end of them waits for each read: about a second a

@@ -375,6 +375,12 @@ class _Loader(DataLoader):
 
     def _remember(self, iterator):
         self._latest = weakref.ref(iterator)
+        if self.persistent_workers:  # ended before the loader is collected (``_end_held``)
+            held = self.__dict__.get("_held")
+            if held is None:
+                held = self._held = []
+                weakref.finalize(self, _end_held, held)
+            held[:] = [iterator]
         return iterator
 
     def end_workers(self, kill: bool = False) -> list[int]:
@@ -427,6 +433,17 @@ class _QuietWhileStarting:
         current = signal.getsignal(signal.SIGCHLD)
         if getattr(current, "__module__", None) == torch_signals.__name__:
             signal.signal(signal.SIGCHLD, _QuietWhileStarting(current))
+
+
+def _end_held(held: list) -> None:
+    """A loader with persistent workers is being collected: its iteration's workers end now,
+    by PyTorch's own shutdown, while its queues still work. Collected in a reference cycle
+    (a loader that refers to what refers to it), the iteration's own end ran after the
+    queues' and waited out PyTorch's join timeout for each worker: 20 s for 4 workers."""
+    iterator = held.pop() if held else None
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None and not getattr(iterator, "_shutdown", False):
+        shutdown()
 
 
 def _kill_workers(iterator) -> None:
